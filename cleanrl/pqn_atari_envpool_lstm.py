@@ -1,0 +1,449 @@
+"""Parallel Q-Network (PQN) with an LSTM for Atari games through envpool, one frame per observation.
+
+PQN is Q-learning without a replay buffer and without a target network: many vectorized environments
+collect a short rollout with an epsilon-greedy policy, Q(lambda) targets are computed once from the
+Q-values stored while acting, and a LayerNorm network trains on the rollout for a few epochs of minibatches.
+Training uses life-loss episode ends and clipped rewards; the logged scores are the true game scores.
+The LSTM state starts at zero on every episode (life) start; training replays each environment's rollout
+as one sequence from the recurrent state stored at the start of the rollout.
+
+Paper: Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning" (arXiv:2407.04811).
+Docs: docs/rl-algorithms/pqn.md
+"""
+
+import os
+import random
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+import envpool
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, use CUDA when it is available"""
+    track: bool = False
+    """if toggled, sync the run to Weights & Biases"""
+    wandb_project_name: str = "cleanrl-q"
+    """the Weights & Biases project"""
+    wandb_entity: Optional[str] = None
+    """the Weights & Biases entity (team)"""
+    capture_video: bool = False
+    """if toggled, record videos of the evaluation episodes to `videos/<run_name>/`"""
+    save_model: bool = False
+    """if toggled, save the model to `runs/<run_name>/` and evaluate it"""
+    eval_episodes: int = 10
+    """the number of episodes `evaluate` plays with a saved model"""
+
+    env_id: str = "Breakout-v5"
+    """the id of the envpool Atari environment"""
+    total_timesteps: int = 10_000_000
+    """total environment steps of the experiment, summed over all environments"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the RAdam optimizer"""
+    anneal_lr: bool = True
+    """if toggled, anneal the learning rate linearly to zero over training"""
+    num_envs: int = 8
+    """the number of parallel environments"""
+    num_steps: int = 128
+    """the number of steps each environment takes per rollout"""
+    num_minibatches: int = 4
+    """the number of minibatches each rollout is split into"""
+    update_epochs: int = 4
+    """the number of passes over each rollout"""
+    gamma: float = 0.99
+    """the discount factor"""
+    q_lambda: float = 0.65
+    """the lambda of the Q(lambda) targets"""
+    start_e: float = 1.0
+    """the starting epsilon of the epsilon-greedy policy"""
+    end_e: float = 0.01
+    """the final epsilon of the epsilon-greedy policy"""
+    exploration_fraction: float = 0.1
+    """the fraction of `total_timesteps` over which epsilon decays linearly from `start_e` to `end_e`"""
+    max_grad_norm: float = 0.5
+    """the global norm the gradients are clipped to"""
+    eval_epsilon: float = 0.05
+    """the epsilon of the epsilon-greedy policy in `evaluate`"""
+
+
+def validate_args(args: Args) -> None:
+    """Stops with one clear message on flags that cannot work, before anything is built."""
+    if args.env_id not in envpool.list_all_envs():
+        raise SystemExit(f"error: --env-id={args.env_id}: not an envpool environment (e.g. Breakout-v5, Pong-v5)")
+    spec = envpool.make_spec(args.env_id)
+    if len(spec.observation_space.shape) != 3:
+        raise SystemExit(f"error: --env-id={args.env_id}: not an Atari game (image observations); use cleanrl/pqn.py")
+    action_space = spec.action_space
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise SystemExit(f"error: --env-id={args.env_id}: has a {type(action_space).__name__} action space; PQN needs discrete actions")
+    for flag in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"error: --{flag.replace('_', '-')}={getattr(args, flag)}: must be at least 1")
+    batch_size = args.num_envs * args.num_steps
+    if args.num_envs % args.num_minibatches != 0:
+        raise SystemExit(
+            f"error: --num-minibatches={args.num_minibatches}: must divide --num-envs={args.num_envs} "
+            "(a minibatch is a set of whole environments)"
+        )
+    if args.total_timesteps < batch_size:
+        raise SystemExit(f"error: --total-timesteps={args.total_timesteps}: must be at least num_envs * num_steps = {batch_size}")
+    if not 0.0 <= args.q_lambda <= 1.0:
+        raise SystemExit(f"error: --q-lambda={args.q_lambda}: must lie in [0, 1]")
+    if not 0.0 <= args.gamma <= 1.0:
+        raise SystemExit(f"error: --gamma={args.gamma}: must lie in [0, 1]")
+    if not 0.0 < args.exploration_fraction <= 1.0:
+        raise SystemExit(f"error: --exploration-fraction={args.exploration_fraction}: must lie in (0, 1]")
+
+
+def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool = True, reward_clip: bool = True):
+    """envpool Atari: 84x84 gray, a single frame, frame skip 4, 1-30 no-ops, no sticky actions, 108k-frame cap."""
+    return envpool.make(
+        env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        episodic_life=episodic_life,
+        reward_clip=reward_clip,
+        stack_num=1,
+        max_episode_steps=27_000,
+        noop_max=30,
+        repeat_action_probability=0.0,
+    )
+
+
+def make_video_env(env_id: str, run_name: str):
+    """A rendering ale-py environment with the same preprocessing, for `--capture-video` (envpool does not render)."""
+    try:
+        import ale_py
+    except ImportError as error:
+        raise SystemExit("error: --capture-video needs ale-py and moviepy: pip install -e '.[video]'") from error
+    gym.register_envs(ale_py)
+    env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array")
+    env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False)
+    return gym.wrappers.FrameStackObservation(env, 1)
+
+
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class QNetwork(nn.Module):
+    """Nature CNN (LayerNorm before every hidden ReLU) -> LSTM 128 -> Q-values."""
+
+    def __init__(self, num_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(1, 32, 8, stride=4)),
+            nn.LayerNorm([32, 20, 20]),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.LayerNorm([64, 9, 9]),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.LayerNorm([64, 7, 7]),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(3136, 512)),
+            nn.LayerNorm(512),
+            nn.ReLU(),
+        )
+        self.lstm = nn.LSTM(512, 128)
+        for name, param in self.lstm.named_parameters():
+            if "bias" in name:
+                nn.init.constant_(param, 0.0)
+            else:
+                nn.init.orthogonal_(param, 1.0)
+        self.q_head = layer_init(nn.Linear(128, num_actions))
+
+    def initial_state(self, batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        zeros = torch.zeros(self.lstm.num_layers, batch_size, self.lstm.hidden_size, device=device)
+        return zeros, zeros.clone()
+
+    def forward(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], episode_start: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Unrolls a sequence. x: uint8 frames (T, B, 1, 84, 84); episode_start: (T, B), 1 where the frame
+        is the first of an episode, which zeroes the state before it is read. Returns Q (T, B, A) and the last state."""
+        seq_len, batch = episode_start.shape
+        features = self.network(x.reshape((-1,) + x.shape[2:]).float() / 255.0).reshape(seq_len, batch, -1)
+        keep = (1.0 - episode_start.float()).view(seq_len, 1, batch, 1)
+        h, c = state
+        outputs = []
+        for t in range(seq_len):
+            out, (h, c) = self.lstm(features[t : t + 1], (h * keep[t], c * keep[t]))
+            outputs.append(out)
+        return self.q_head(torch.cat(outputs)), (h, c)
+
+
+def linear_schedule(start: float, end: float, duration: float, t: np.ndarray) -> np.ndarray:
+    """Linear decay from `start` to `end` over `duration` steps, constant afterwards; `t` may be an array."""
+    return np.maximum(start + (end - start) * np.asarray(t, dtype=np.float64) / duration, min(start, end))
+
+
+def q_lambda_returns(
+    rewards: torch.Tensor, next_dones: torch.Tensor, next_max_q: torch.Tensor, gamma: float, q_lambda: float
+) -> torch.Tensor:
+    """Peng's Q(lambda) targets of one rollout, all tensors of shape (num_steps, num_envs).
+
+    `next_dones[t]` is 1 where the episode ended after step t (no bootstrap), `next_max_q[t] = max_a Q(s_{t+1}, a)`.
+    G_{T-1} = r + gamma (1 - d) next_max_q, and
+    G_t = r_t + gamma (1 - d_t) (lambda G_{t+1} + (1 - lambda) next_max_q[t]).
+    """
+    returns = torch.empty_like(rewards)
+    not_done = 1.0 - next_dones
+    returns[-1] = rewards[-1] + gamma * not_done[-1] * next_max_q[-1]
+    for t in range(rewards.shape[0] - 2, -1, -1):
+        bootstrap = q_lambda * returns[t + 1] + (1.0 - q_lambda) * next_max_q[t]
+        returns[t] = rewards[t] + gamma * not_done[t] * bootstrap
+    return returns
+
+
+def fold_reset_steps(
+    rewards: torch.Tensor, terminations: torch.Tensor, max_q: torch.Tensor, is_reset_step: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rewards and episode ends for `q_lambda_returns` with envpool's reset steps made harmless.
+
+    Under NEXT_STEP autoreset the step after an episode end ignores its action and only resets the
+    environment; its observation is the last one of the finished episode. Giving that step the reward
+    max_q (the value of that last observation) and an episode end makes its return exactly max_q, so a
+    time-out's lambda-return bootstraps from the final observation and never reads into the next episode,
+    while a real termination still cuts the bootstrap itself. The reset steps are masked out of the loss.
+    """
+    rewards = torch.where(is_reset_step, max_q, rewards)
+    next_dones = torch.where(is_reset_step, torch.ones_like(terminations), terminations)
+    return rewards, next_dones
+
+
+class EpisodeStats:
+    """True game scores of vectorized envs: raw rewards summed over all lives, time-outs included."""
+
+    def __init__(self, num_envs: int, window: int = 100):
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+        self.recent = deque(maxlen=window)
+
+    def update(self, reward: np.ndarray, is_reset_step: np.ndarray, episode_over: np.ndarray) -> list[tuple[float, int]]:
+        """Adds one vectorized step; returns (score, length) of every episode that ended with it."""
+        self.returns += reward
+        self.lengths += ~is_reset_step
+        finished = [(float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(episode_over)]
+        self.returns[episode_over] = 0.0
+        self.lengths[episode_over] = 0
+        self.recent.extend(score for score, _ in finished)
+        return finished
+
+
+def evaluate(
+    model_path: str,
+    env_id: str,
+    eval_episodes: int,
+    device: torch.device,
+    epsilon: float = 0.05,
+    capture_video: bool = False,
+    run_name: str = "eval",
+    seed: int = 1,
+) -> list[float]:
+    """Plays `eval_episodes` full games (all lives) with a saved model and returns their scores."""
+    if capture_video:
+        envs = gym.vector.SyncVectorEnv([lambda: make_video_env(env_id, run_name)])
+        obs, _ = envs.reset(seed=seed)
+    else:  # one environment per game, so that short games are not over-represented
+        envs = make_env(env_id, eval_episodes, seed, episodic_life=False, reward_clip=False)
+        obs, _ = envs.reset()
+    num_envs, num_actions = envs.num_envs, envs.single_action_space.n
+    quota = np.full(num_envs, eval_episodes // num_envs)
+    model = QNetwork(num_actions).to(device)
+    model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
+    model.eval()
+    scores, game_returns = [], np.zeros(num_envs)
+    state = model.initial_state(num_envs, device)
+    episode_start = np.ones(num_envs, dtype=bool)
+    game_over = np.zeros(num_envs, dtype=bool)
+    lives = np.full(num_envs, np.iinfo(np.int32).max)
+    while quota.sum() > 0:
+        with torch.no_grad():
+            q_values, state = model(torch.as_tensor(obs, device=device)[None], state, torch.as_tensor(episode_start, device=device)[None])
+            greedy = q_values[0].argmax(1).cpu().numpy()
+        explore = np.random.rand(num_envs) < epsilon
+        actions = np.where(explore, np.random.randint(num_actions, size=num_envs), greedy)
+        obs, reward, terminated, truncated, info = envs.step(actions)
+        # Training zeroed the state at every life start, so evaluation does too, and after a game's reset step.
+        life_lost = (info["lives"] < lives) & ~(terminated | truncated)
+        episode_start, game_over, lives = game_over | life_lost, terminated | truncated, info["lives"]
+        game_returns += reward  # unclipped: reward clipping is off here
+        for i in np.flatnonzero(terminated | truncated):
+            if quota[i] > 0:
+                scores.append(float(game_returns[i]))
+                quota[i] -= 1
+            game_returns[i] = 0.0
+    envs.close()
+    return scores
+
+
+def main(args: Args) -> list[float]:
+    validate_args(args)
+    batch_size = args.num_envs * args.num_steps
+    num_iterations = args.total_timesteps // batch_size
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            save_code=True,
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+    )
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    def to_device(array: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(array, device=device)
+
+    envs = make_env(args.env_id, args.num_envs, args.seed)
+    obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
+    q_network = QNetwork(num_actions).to(device)
+    optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)
+
+    # Rollout storage lives in numpy (cheap per-step writes) and moves to the device once per rollout.
+    obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.uint8)
+    actions = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
+    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    terminations = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+    is_reset_step = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    episode_start = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+    max_q = torch.zeros((args.num_steps, args.num_envs), device=device)
+
+    stats = EpisodeStats(args.num_envs)
+    all_scores: list[float] = []
+    global_step, start_time, last_print = 0, time.time(), time.time()
+    next_obs = envs.reset()[0]
+    next_is_reset_step = np.zeros(args.num_envs, dtype=bool)
+    next_episode_start = np.ones(args.num_envs, dtype=bool)
+    lstm_state = q_network.initial_state(args.num_envs, device)
+    epsilon_duration = args.exploration_fraction * args.total_timesteps
+
+    for iteration in range(num_iterations):
+        if args.anneal_lr:
+            optimizer.param_groups[0]["lr"] = (1.0 - iteration / num_iterations) * args.learning_rate
+        # Exploration draws for the whole rollout at once: one epsilon per step, decayed by global step.
+        step_epsilons = linear_schedule(
+            args.start_e, args.end_e, epsilon_duration, global_step + args.num_envs * np.arange(1, args.num_steps + 1)
+        )
+        explore = np.random.rand(args.num_steps, args.num_envs) < step_epsilons[:, None]
+        random_actions = np.random.randint(0, num_actions, (args.num_steps, args.num_envs))
+        rollout_initial_state = (lstm_state[0].clone(), lstm_state[1].clone())
+
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            obs[step] = next_obs
+            is_reset_step[step] = next_is_reset_step
+            episode_start[step] = next_episode_start
+            with torch.no_grad():
+                q_values, lstm_state = q_network(to_device(next_obs)[None], lstm_state, to_device(next_episode_start)[None])
+                step_max_q, greedy = q_values[0].max(dim=1)
+            max_q[step] = step_max_q
+            actions[step] = np.where(explore[step], random_actions[step], greedy.cpu().numpy())
+
+            next_obs, reward, terminated, truncated, info = envs.step(actions[step])
+            rewards[step] = reward  # clipped; `terminated` includes life losses
+            terminations[step] = terminated
+            game_over = info["terminated"].astype(bool) | truncated
+            for score, length in stats.update(info["reward"], next_is_reset_step, game_over):
+                all_scores.append(score)
+                writer.add_scalar("charts/episodic_return", score, global_step)
+                writer.add_scalar("charts/episodic_length", length, global_step)
+            # The observation a reset step returns is the first of a new episode (life).
+            next_episode_start = next_is_reset_step
+            next_is_reset_step = terminated | truncated
+
+        with torch.no_grad():
+            last_q, _ = q_network(to_device(next_obs)[None], lstm_state, to_device(next_episode_start)[None])
+            last_max_q = last_q[0].max(dim=1).values
+            next_max_q = torch.cat([max_q[1:], last_max_q[None]])
+            fold_rewards, fold_dones = fold_reset_steps(
+                to_device(rewards), to_device(terminations), max_q, to_device(is_reset_step)
+            )
+            returns = q_lambda_returns(fold_rewards, fold_dones, next_max_q, args.gamma, args.q_lambda)
+
+        # Minibatches are whole environments: each replays its rollout as one sequence from the stored state.
+        b_obs, b_actions, b_episode_start = to_device(obs), to_device(actions), to_device(episode_start)
+        b_valid = to_device(~is_reset_step).float()
+        envs_per_minibatch = args.num_envs // args.num_minibatches
+        for epoch in range(args.update_epochs):
+            env_inds = torch.randperm(args.num_envs, device=device)
+            for start in range(0, args.num_envs, envs_per_minibatch):
+                mb = env_inds[start : start + envs_per_minibatch]
+                mb_state = (rollout_initial_state[0][:, mb], rollout_initial_state[1][:, mb])
+                q_values, _ = q_network(b_obs[:, mb], mb_state, b_episode_start[:, mb])
+                q_taken = q_values.gather(2, b_actions[:, mb, None]).squeeze(2)
+                # Mean squared TD error over real transitions only: reset steps carry no learning signal.
+                valid = b_valid[:, mb]
+                loss = ((q_taken - returns[:, mb]) ** 2 * valid).sum() / valid.sum().clamp(min=1.0)
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm, foreach=True)
+                optimizer.step()
+
+        if iteration % 10 == 0 or iteration == num_iterations - 1:
+            sps = int(global_step / (time.time() - start_time))
+            writer.add_scalar("losses/td_loss", loss.item(), global_step)
+            writer.add_scalar("losses/q_values", q_taken.mean().item(), global_step)
+            writer.add_scalar("charts/epsilon", float(step_epsilons[-1]), global_step)
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            if time.time() - last_print > 10 or iteration == num_iterations - 1:
+                last_print = time.time()
+                recent = np.mean(stats.recent) if stats.recent else float("nan")
+                eta = (args.total_timesteps - global_step) / max(sps, 1)
+                print(f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {recent:8.2f} | ETA {eta:5.0f}s")
+
+    if args.save_model:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        torch.save(q_network.state_dict(), model_path)
+        print(f"model saved to {model_path}")
+        scores = evaluate(
+            model_path, args.env_id, args.eval_episodes, device, args.eval_epsilon, args.capture_video, run_name, args.seed
+        )
+        for idx, score in enumerate(scores):
+            writer.add_scalar("eval/episodic_return", score, idx)
+
+    envs.close()
+    writer.close()
+    if args.track:
+        wandb.finish()
+    return all_scores
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

@@ -1,0 +1,249 @@
+"""Tests of the PQN family: Q(lambda) math, envpool reset-step handling, true scores, smoke runs, learning."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from cleanrl import pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
+
+REPO = Path(__file__).resolve().parents[1]
+ALL_SCRIPTS = [pqn, pqn_atari_envpool, pqn_atari_envpool_lstm]
+
+
+def q_lambda_reference(rewards, next_dones, next_max_q, gamma, lam):
+    """Plain scalar loop over each environment, from the definition of the recursion."""
+    num_steps, num_envs = len(rewards), len(rewards[0])
+    out = [[0.0] * num_envs for _ in range(num_steps)]
+    for e in range(num_envs):
+        following = None
+        for t in reversed(range(num_steps)):
+            r, d, q = float(rewards[t][e]), float(next_dones[t][e]), float(next_max_q[t][e])
+            if following is None:
+                value = r + gamma * (1 - d) * q
+            else:
+                value = r + gamma * (1 - d) * (lam * following + (1 - lam) * q)
+            out[t][e] = value
+            following = value
+    return out
+
+
+@pytest.mark.parametrize("module", ALL_SCRIPTS, ids=lambda m: m.__name__.split(".")[-1])
+@pytest.mark.parametrize("lam", [0.0, 0.65, 1.0])
+def test_q_lambda_returns_match_plain_loop(module, lam):
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.randn(37, 5, generator=gen)
+    next_dones = (torch.rand(37, 5, generator=gen) < 0.15).float()
+    next_max_q = torch.randn(37, 5, generator=gen) * 3
+    got = module.q_lambda_returns(rewards, next_dones, next_max_q, 0.97, lam)
+    want = torch.tensor(q_lambda_reference(rewards.tolist(), next_dones.tolist(), next_max_q.tolist(), 0.97, lam))
+    assert got.shape == (37, 5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_q_lambda_hand_worked():
+    # one env, 3 steps, episode ends after step 1: G2 = 1 + .5*4 = 3; G1 = 2 (terminal); G0 = 1 + .5*(.5*2 + .5*10) = 4
+    rewards = torch.tensor([[1.0], [2.0], [1.0]])
+    dones = torch.tensor([[0.0], [1.0], [0.0]])
+    next_max_q = torch.tensor([[10.0], [99.0], [4.0]])
+    got = pqn.q_lambda_returns(rewards, dones, next_max_q, 0.5, 0.5)
+    torch.testing.assert_close(got, torch.tensor([[4.0], [2.0], [3.0]]))
+
+
+def test_reset_step_folding_bootstraps_time_outs_and_cuts_terminations():
+    """Env 0 is truncated after step 1, env 1 terminates after step 1; step 2 is the reset step of both."""
+    gamma, lam = 0.9, 0.65
+    rewards = torch.tensor([[1.0, 1.0], [1.0, 1.0], [0.0, 0.0], [1.0, 1.0]])
+    terminations = torch.tensor([[0.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
+    is_reset = torch.tensor([[False, False], [False, False], [True, True], [False, False]])
+    max_q = torch.tensor([[5.0, 5.0], [6.0, 6.0], [7.0, 7.0], [-50.0, -50.0]])  # max_q[2] = value of the final obs
+    next_max_q = torch.cat([max_q[1:], torch.tensor([[-60.0, -60.0]])])
+    r, d = pqn.fold_reset_steps(rewards, terminations, max_q, is_reset)
+    returns = pqn.q_lambda_returns(r, d, next_max_q, gamma, lam)
+    # time-out: full bootstrap from the final observation, nothing from the next episode (whose values are -50, -60)
+    assert returns[1, 0].item() == pytest.approx(1.0 + gamma * 7.0)
+    # termination: no bootstrap at all
+    assert returns[1, 1].item() == pytest.approx(1.0)
+    assert returns[0, 0].item() == pytest.approx(1.0 + gamma * (lam * (1.0 + gamma * 7.0) + (1 - lam) * 6.0))
+
+
+class ScriptedPool:
+    """envpool-like vectorized env with NEXT_STEP autoreset, driven by a script of episodes.
+
+    Each env plays episodes from `episodes[i]`: a list of (length, end, lives) where end is "term" or "trunc" and
+    the game has `lives` lives, losing one evenly through the episode. Step k of an episode gives raw reward k+1
+    and observation value k+1 (the reset step gives observation 0 and reward 0). With `episodic_life`, a life loss
+    ends the training episode (terminated=True) and is followed by a reset step, as envpool does.
+    """
+
+    def __init__(self, episodes, obs_shape, num_actions=3, episodic_life=False, reward_clip=False, dtype=np.uint8):
+        self.episodes, self.obs_shape, self.dtype = episodes, obs_shape, dtype
+        self.num_envs = len(episodes)
+        self.single_observation_space = gym.spaces.Box(0, 255, obs_shape, np.uint8)
+        self.single_action_space = gym.spaces.Discrete(num_actions)
+        self.episodic_life, self.reward_clip = episodic_life, reward_clip
+        self.cursor = [0] * self.num_envs
+        self.t = [0] * self.num_envs
+        self.pending_reset = [False] * self.num_envs
+        self.reset_steps_seen = 0
+
+    def _obs(self, values):
+        return np.stack([np.full(self.obs_shape, v, dtype=self.dtype) for v in values])
+
+    def reset(self):
+        return self._obs([0] * self.num_envs), {}
+
+    def step(self, actions):
+        n = self.num_envs
+        obs, rew, term, trunc = [0] * n, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool)
+        raw, game_over, lives = np.zeros(n), np.zeros(n, bool), np.zeros(n, np.int32)
+        for i in range(n):
+            length, end, num_lives = self.episodes[i][self.cursor[i] % len(self.episodes[i])]
+            if self.pending_reset[i]:
+                self.pending_reset[i] = False
+                self.reset_steps_seen += 1
+                if self.t[i] >= length:  # the game is over: next episode
+                    self.cursor[i] += 1
+                    self.t[i] = 0
+                continue  # reward 0, obs 0, no flags
+            k = self.t[i]
+            self.t[i] += 1
+            obs[i], raw[i] = k + 1, k + 1
+            rew[i] = np.sign(raw[i]) if self.reward_clip else raw[i]
+            life_len = length // num_lives
+            lives[i] = num_lives - self.t[i] // life_len
+            if self.t[i] == length:
+                term[i], trunc[i] = end == "term", end == "trunc"
+                game_over[i] = end == "term"
+                self.pending_reset[i] = True
+            elif self.episodic_life and self.t[i] % life_len == 0:
+                term[i] = True
+                self.pending_reset[i] = True
+        info = {"reward": raw, "terminated": game_over.astype(np.int32), "lives": lives}
+        return self._obs(obs), rew, term, trunc, info
+
+    def close(self):
+        pass
+
+
+def test_atari_true_scores_cover_all_lives_and_time_outs(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    episodes = [[(12, "term", 3), (9, "trunc", 3)], [(6, "trunc", 2), (15, "term", 3)]]
+    pools = []
+
+    def fake_make_env(env_id, num_envs, seed, episodic_life=True, reward_clip=True):
+        pools.append(ScriptedPool(episodes, (4, 84, 84), episodic_life=episodic_life, reward_clip=reward_clip))
+        return pools[-1]
+
+    monkeypatch.setattr(pqn_atari_envpool, "make_env", fake_make_env)
+    args = pqn_atari_envpool.Args(total_timesteps=2 * 64, num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1)
+    scores = pqn_atari_envpool.main(args)
+    # A game of length L scores 1 + ... + L (unclipped, all lives) and takes L steps plus one reset step per life.
+    # Env 0 finishes games at steps 14 (78), 26 (45, time-out), 41 (78), 53 (45);
+    # env 1 at steps 7 (21, time-out), 25 (120), 33 (21), 51 (120), 59 (21), within its 64 steps.
+    assert scores == [21.0, 78.0, 120.0, 45.0, 21.0, 78.0, 120.0, 45.0, 21.0]
+    assert pools[0].reset_steps_seen == 4 * 3 + 5 * 3 - 1  # every life ends in a reset step; env 1's last one is pending
+
+
+def test_reset_steps_never_enter_the_loss(monkeypatch, tmp_path):
+    """With a scripted env whose reset steps would teach Q(s_last, a) = huge, the masked loss ignores them."""
+    monkeypatch.chdir(tmp_path)
+    seen_valid = []
+    original = pqn.fold_reset_steps
+
+    def spy(rewards, terminations, max_q, is_reset_step):
+        seen_valid.append(is_reset_step.clone())
+        return original(rewards, terminations, max_q, is_reset_step)
+
+    monkeypatch.setattr(pqn, "fold_reset_steps", spy)
+    monkeypatch.setattr(
+        pqn, "make_env", lambda env_id, num_envs, seed: ScriptedPool([[(5, "term", 1)], [(3, "trunc", 1)]], (4,), dtype=np.float32)
+    )
+    args = pqn.Args(env_id="CartPole-v1", total_timesteps=2 * 40, num_envs=2, num_steps=20, num_minibatches=2)
+    scores = pqn.main(args)
+    assert set(scores) == {15.0, 6.0}
+    masks = torch.cat(seen_valid)  # (steps, envs)
+    # env 0: episodes of 5 steps then one reset step -> every 6th step (index 5, 11, ...) is a reset step
+    assert masks[:, 0].nonzero().flatten().tolist() == list(range(5, 40, 6))
+    assert masks[:, 1].nonzero().flatten().tolist() == list(range(3, 40, 4))
+
+
+def test_episode_stats_counts_time_outs_and_skips_reset_steps():
+    stats = pqn.EpisodeStats(2)
+    rewards = [np.array([1.0, 2.0]), np.array([1.0, 2.0]), np.array([0.0, 2.0]), np.array([3.0, 0.0])]
+    reset = [np.array([False, False]), np.array([False, False]), np.array([True, False]), np.array([False, True])]
+    over = [np.array([False, False]), np.array([True, False]), np.array([False, True]), np.array([False, False])]
+    finished = [stats.update(r, s, o) for r, s, o in zip(rewards, reset, over)]
+    assert finished == [[], [(2.0, 2)], [(6.0, 3)], []]
+    assert stats.returns.tolist() == [3.0, 0.0] and stats.lengths.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize(
+    "module, flags, flag_name",
+    [
+        (pqn, ["--num-minibatches", "3", "--num-envs", "4", "--num-steps", "128"], "--num-minibatches"),
+        (pqn, ["--env-id", "Pendulum-v1"], "--env-id"),
+        (pqn, ["--env-id", "NoSuchGame-v9"], "--env-id"),
+        (pqn_atari_envpool, ["--env-id", "CartPole-v1"], "--env-id"),
+        (pqn_atari_envpool_lstm, ["--num-minibatches", "3"], "--num-minibatches"),
+    ],
+)
+def test_bad_flags_give_one_clear_message(module, flags, flag_name, tmp_path):
+    script = REPO / "cleanrl" / (module.__name__.split(".")[-1] + ".py")
+    result = subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode != 0
+    assert flag_name in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def _tb_scalars(run_dir: Path, tag: str) -> list[float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return [event.value for event in acc.Scalars(tag)]
+
+
+def test_pqn_smoke_with_saved_model(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    args = pqn.Args(total_timesteps=4096, num_envs=8, num_steps=32, save_model=True, eval_episodes=4)
+    scores = pqn.main(args)
+    assert len(scores) > 0 and all(np.isfinite(scores))
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert (run_dir / "pqn.cleanrl_model").exists()
+    assert len(_tb_scalars(run_dir, "eval/episodic_return")) == 4
+    assert all(np.isfinite(_tb_scalars(run_dir, "losses/td_loss")))
+
+
+@pytest.mark.parametrize("module", [pqn_atari_envpool, pqn_atari_envpool_lstm], ids=["cnn", "lstm"])
+def test_atari_smoke(module, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    args = module.Args(total_timesteps=256, num_envs=4, num_steps=32, num_minibatches=2, update_epochs=1)
+    scores = module.main(args)
+    assert isinstance(scores, list)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert all(np.isfinite(_tb_scalars(run_dir, "losses/td_loss")))
+
+
+def test_atari_evaluate_plays_full_games(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    for module in (pqn_atari_envpool, pqn_atari_envpool_lstm):
+        model = module.QNetwork(4)
+        path = tmp_path / "model.pt"
+        torch.save(model.state_dict(), path)
+        episodes = [[(30, "term", 3)], [(20, "trunc", 2)]]
+        monkeypatch.setattr(module, "make_env", lambda *a, **k: ScriptedPool(episodes, (1 if module is pqn_atari_envpool_lstm else 4, 84, 84), 4))
+        scores = module.evaluate(str(path), "Breakout-v5", 2, torch.device("cpu"))
+        assert sorted(scores) == [210.0, 465.0]
+
+
+@pytest.mark.learning
+def test_pqn_learns_cartpole(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    scores = pqn.main(pqn.Args(seed=1, total_timesteps=200_000))
+    assert np.mean(scores[-20:]) >= 400, np.mean(scores[-20:])
