@@ -247,3 +247,12 @@ def test_pqn_learns_cartpole(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     scores = pqn.main(pqn.Args(seed=1, total_timesteps=200_000))
     assert np.mean(scores[-20:]) >= 400, np.mean(scores[-20:])
+
+
+def test_track_works_offline(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    pqn.main(pqn.Args(track=True, total_timesteps=1024, num_envs=8, num_steps=32))
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
