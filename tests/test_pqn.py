@@ -245,8 +245,9 @@ def test_atari_evaluate_plays_full_games(monkeypatch, tmp_path):
 @pytest.mark.learning
 def test_pqn_learns_cartpole(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    scores = pqn.main(pqn.Args(seed=1, total_timesteps=200_000))
-    assert np.mean(scores[-20:]) >= 400, np.mean(scores[-20:])
+    # The full default run (500k steps, about half a minute on 2 CPU cores); random play scores about 22.
+    scores = pqn.main(pqn.Args(seed=1))
+    assert np.mean(scores[-100:]) >= 450, np.mean(scores[-100:])
 
 
 def test_track_works_offline(monkeypatch, tmp_path):
