@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Reproduces the tables of docs/rl-algorithms/pqn.md. WORKERS=2 TRACK=0 bash benchmark/pqn.sh runs without W&B.
+# Then: python benchmark/report.py --runs-dir runs --exp-names pqn --env-ids CartPole-v1 Acrobot-v1 MountainCar-v0
+set -euo pipefail
+WORKERS=${WORKERS:-2}
+if [ "${TRACK:-1}" = 1 ]; then TRACK_FLAG="--track --wandb-project-name cleanrl-q"; else TRACK_FLAG="--no-track"; fi
+
+# Classic control, default steps (500k), 3 seeds.
+python benchmark/launch.py --env-ids CartPole-v1 Acrobot-v1 MountainCar-v0 --seeds 1 2 3 --workers "$WORKERS" -- \
+    python cleanrl/pqn.py $TRACK_FLAG
+
+# Atari, default steps (10M), 3 seeds; set ATARI=0 to skip.
+if [ "${ATARI:-1}" = 1 ]; then
+    ATARI_IDS="Breakout-v5 SpaceInvaders-v5 BeamRider-v5 Pong-v5 MsPacman-v5"
+    python benchmark/launch.py --env-ids $ATARI_IDS --seeds 1 2 3 --workers "$WORKERS" -- \
+        python cleanrl/pqn_atari_envpool.py $TRACK_FLAG
+    python benchmark/launch.py --env-ids $ATARI_IDS --seeds 1 2 3 --workers "$WORKERS" -- \
+        python cleanrl/pqn_atari_envpool_lstm.py $TRACK_FLAG
+fi

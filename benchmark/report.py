@@ -1,0 +1,418 @@
+"""Turn the TensorBoard logs of benchmark runs into the result tables and learning curves of the docs.
+
+    python benchmark/report.py --runs-dir runs --env-ids CartPole-v1 Acrobot-v1 MountainCar-v0 \
+        --exp-names pqn --output-dir benchmark/results
+
+Reads every run directory under `--runs-dir` whose name follows `{env_id}__{exp_name}__{seed}__{timestamp}`
+(the run name of every script), offline from its event files. Runs are grouped by (exp_name, env_id); each
+run's final performance is the mean of its last 100 `charts/episodic_return` values (the true game scores of
+its last 100 training episodes), and a group reports the mean and standard deviation of that number over its
+seeds. Writes to `--output-dir`:
+
+- `<name>.md`: final performance and wall-clock runtime per env, one column per exp_name; for Atari ids
+  (found in atari57_random_human_scores.csv) also human-normalized scores with the median and the
+  interquartile mean (IQM) over games and seeds, with 95% stratified-bootstrap confidence intervals (rliable);
+- `<name>_curves.png`: learning curves, one panel per env, one line per exp_name (mean over seeds, shaded
+  +- one standard deviation), x-axis = env steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+RETURN_TAG = "charts/episodic_return"
+RUN_NAME = re.compile(r"^(?P<env_id>.+?)__(?P<exp_name>.+)__(?P<seed>-?\d+)__(?P<timestamp>\d+)$")
+HUMAN_RANDOM_CSV = Path(__file__).with_name("atari57_random_human_scores.csv")
+
+
+@dataclass
+class Run:
+    """One training run: its identity and the episodes it logged."""
+
+    env_id: str
+    exp_name: str
+    seed: int
+    path: Path
+    steps: np.ndarray
+    """env step at which each training episode finished, in completion order"""
+    returns: np.ndarray
+    """true game score of each training episode (`charts/episodic_return`)"""
+    runtime_s: float
+    """wall-clock seconds from the first to the last event the run wrote"""
+
+
+@dataclass
+class Group:
+    """All seeds of one exp_name on one env."""
+
+    exp_name: str
+    env_id: str
+    seeds: list[int]
+    final_scores: np.ndarray
+    """per seed: mean return of the run's last `last_episodes` episodes"""
+    runtimes_min: np.ndarray
+    """per seed: wall-clock minutes"""
+    final_steps: np.ndarray
+    """per seed: env step of the last logged episode"""
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.final_scores))
+
+    @property
+    def std(self) -> float:
+        """Population standard deviation over seeds (numpy's default, ddof=0)."""
+        return float(np.std(self.final_scores))
+
+
+def parse_run_name(name: str) -> dict | None:
+    """Splits `{env_id}__{exp_name}__{seed}__{timestamp}`; None when the name does not follow the pattern."""
+    match = RUN_NAME.match(name)
+    if match is None:
+        return None
+    return {
+        "env_id": match["env_id"],
+        "exp_name": match["exp_name"],
+        "seed": int(match["seed"]),
+        "timestamp": int(match["timestamp"]),
+    }
+
+
+def read_run(path: Path) -> Run | None:
+    """Reads one run directory's event files; None (with a warning) when it logged no episode."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    identity = parse_run_name(path.name)
+    # size 0 keeps every scalar (the default keeps a random sample of 10k, which would bias the last-100 mean);
+    # no purging: an eval curve logged with its own small step numbers must not erase the training data.
+    accumulator = ea.EventAccumulator(
+        str(path),
+        size_guidance={ea.SCALARS: 0, ea.TENSORS: 1, ea.IMAGES: 1, ea.AUDIO: 1, ea.HISTOGRAMS: 1},
+        purge_orphaned_data=False,
+    )
+    accumulator.Reload()
+    tags = accumulator.Tags()["scalars"]
+    if RETURN_TAG not in tags:
+        warnings.warn(f"{path}: no {RETURN_TAG} logged; skipped")
+        return None
+    episodes = accumulator.Scalars(RETURN_TAG)
+    last_wall_time = max(event.wall_time for tag in tags for event in accumulator.Scalars(tag))
+    return Run(
+        env_id=identity["env_id"],
+        exp_name=identity["exp_name"],
+        seed=identity["seed"],
+        path=path,
+        steps=np.array([event.step for event in episodes], dtype=np.int64),
+        returns=np.array([event.value for event in episodes], dtype=np.float64),
+        runtime_s=last_wall_time - accumulator.FirstEventTimestamp(),
+    )
+
+
+def find_run_dirs(runs_dirs: list[Path]) -> list[Path]:
+    """Directories below `runs_dirs` that hold event files and are named like a run."""
+    found = set()
+    for root in runs_dirs:
+        for event_file in root.rglob("events.out.tfevents.*"):
+            if parse_run_name(event_file.parent.name) is not None:
+                found.add(event_file.parent)
+    return sorted(found)
+
+
+def load_runs(runs_dirs: list[Path], exp_names: list[str] | None = None, env_ids: list[str] | None = None) -> list[Run]:
+    runs = []
+    for path in find_run_dirs(runs_dirs):
+        identity = parse_run_name(path.name)
+        if exp_names and identity["exp_name"] not in exp_names:
+            continue
+        if env_ids and identity["env_id"] not in env_ids:
+            continue
+        run = read_run(path)
+        if run is not None:
+            runs.append(run)
+    return runs
+
+
+def final_score(returns: np.ndarray, last_episodes: int) -> float:
+    """Mean true score of the last `last_episodes` training episodes (all of them if the run had fewer)."""
+    return float(np.mean(returns[-last_episodes:]))
+
+
+def group_runs(runs: list[Run], last_episodes: int = 100) -> dict[tuple[str, str], Group]:
+    """Groups runs by (exp_name, env_id), seeds in increasing order."""
+    by_key: dict[tuple[str, str], list[Run]] = {}
+    for run in runs:
+        by_key.setdefault((run.exp_name, run.env_id), []).append(run)
+    groups = {}
+    for (exp_name, env_id), members in by_key.items():
+        members.sort(key=lambda run: run.seed)
+        seeds = [run.seed for run in members]
+        if len(set(seeds)) != len(seeds):
+            warnings.warn(f"{exp_name} on {env_id}: seed logged more than once {seeds}; every run is counted")
+        short = [run.seed for run in members if len(run.returns) < last_episodes]
+        if short:
+            warnings.warn(f"{exp_name} on {env_id}: seeds {short} logged fewer than {last_episodes} episodes")
+        groups[(exp_name, env_id)] = Group(
+            exp_name=exp_name,
+            env_id=env_id,
+            seeds=seeds,
+            final_scores=np.array([final_score(run.returns, last_episodes) for run in members]),
+            runtimes_min=np.array([run.runtime_s / 60 for run in members]),
+            final_steps=np.array([run.steps[-1] for run in members]),
+        )
+    return groups
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def performance_markdown(groups: dict, exp_names: list[str], env_ids: list[str], last_episodes: int = 100) -> str:
+    """Final return (mean +- std over seeds), runtime and the seeds/steps behind each cell."""
+
+    def cell(exp_name, env_id, fmt):
+        group = groups.get((exp_name, env_id))
+        return "-" if group is None else fmt(group)
+
+    header = ["Environment", *exp_names]
+    returns = [
+        [env_id, *(cell(e, env_id, lambda g: f"{g.mean:.2f} ± {g.std:.2f}") for e in exp_names)] for env_id in env_ids
+    ]
+    runtimes = [[env_id, *(cell(e, env_id, lambda g: f"{np.mean(g.runtimes_min):.1f}") for e in exp_names)] for env_id in env_ids]
+    provenance = [
+        [
+            env_id,
+            *(cell(e, env_id, lambda g: f"{len(g.seeds)} ({', '.join(map(str, g.seeds))}); {int(np.max(g.final_steps)):,}") for e in exp_names),
+        ]
+        for env_id in env_ids
+    ]
+    return "\n\n".join(
+        [
+            f"Episodic return: mean ± std over seeds of each run's last-{last_episodes}-episode mean "
+            "(true game score of training episodes; std with ddof=0).",
+            markdown_table(header, returns),
+            "Wall-clock runtime in minutes, mean over seeds (first to last event of each run).",
+            markdown_table(header, runtimes),
+            "Seeds (ids) and env steps of the last logged episode, per cell.",
+            markdown_table(header, provenance),
+        ]
+    )
+
+
+def load_human_random_scores(path: Path = HUMAN_RANDOM_CSV) -> dict[str, tuple[float, float]]:
+    """game (snake_case) -> (random score, human score)."""
+    with open(path, newline="") as file:
+        return {row["game"]: (float(row["random"]), float(row["human"])) for row in csv.DictReader(file)}
+
+
+def atari_game_name(env_id: str) -> str:
+    """envpool id -> snake_case game name of the score table: `MsPacman-v5` -> `ms_pacman`."""
+    base = re.sub(r"-v\d+$", "", env_id.split("/")[-1])
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", base).lower()
+
+
+def human_normalized_score(score, random_score: float, human_score: float):
+    """(score - random) / (human - random): 0 = random play, 1 = the human reference."""
+    return (np.asarray(score, dtype=np.float64) - random_score) / (human_score - random_score)
+
+
+def human_normalized_matrices(
+    groups: dict, exp_names: list[str], env_ids: list[str], scores_table: dict[str, tuple[float, float]]
+) -> dict[str, tuple[list[str], np.ndarray]]:
+    """exp_name -> (Atari env ids, (num_runs, num_games) human-normalized final scores).
+
+    rliable needs the same number of runs on every game: when seeds differ, the first (lowest) seeds are kept.
+    """
+    matrices = {}
+    for exp_name in exp_names:
+        games = [
+            env_id for env_id in env_ids if (exp_name, env_id) in groups and atari_game_name(env_id) in scores_table
+        ]
+        if not games:
+            continue
+        num_runs = min(len(groups[(exp_name, env_id)].seeds) for env_id in games)
+        columns = []
+        for env_id in games:
+            group = groups[(exp_name, env_id)]
+            if len(group.seeds) > num_runs:
+                warnings.warn(f"{exp_name} on {env_id}: using the first {num_runs} seeds for aggregate statistics")
+            random_score, human_score = scores_table[atari_game_name(env_id)]
+            columns.append(human_normalized_score(group.final_scores[:num_runs], random_score, human_score))
+        matrices[exp_name] = (games, np.stack(columns, axis=1))
+    return matrices
+
+
+def aggregate_with_confidence(
+    matrices: dict[str, tuple[list[str], np.ndarray]], reps: int = 50_000, seed: int = 0
+) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """exp_name -> {"median"|"iqm": (point estimate, CI low, CI high)}, 95% stratified bootstrap over runs.
+
+    median: median over games of the per-game mean over runs; IQM: mean of the middle 50% of all
+    (run, game) scores (Agarwal et al. 2021).
+    """
+    from rliable import library as rly
+    from rliable import metrics
+
+    def median_and_iqm(scores):
+        return np.array([metrics.aggregate_median(scores), metrics.aggregate_iqm(scores)])
+
+    with warnings.catch_warnings():  # arch deprecates the `random_state` keyword that rliable passes on
+        warnings.simplefilter("ignore", FutureWarning)
+        points, intervals = rly.get_interval_estimates(
+            {exp_name: matrix for exp_name, (_, matrix) in matrices.items()},
+            median_and_iqm,
+            reps=reps,
+            random_state=np.random.RandomState(seed),
+        )
+    return {
+        exp_name: {
+            name: (float(points[exp_name][i]), float(intervals[exp_name][0, i]), float(intervals[exp_name][1, i]))
+            for i, name in enumerate(["median", "iqm"])
+        }
+        for exp_name in points
+    }
+
+
+def atari_markdown(matrices: dict, aggregates: dict, last_episodes: int = 100) -> str:
+    exp_names = list(matrices)
+    env_ids = list(dict.fromkeys(env_id for games, _ in matrices.values() for env_id in games))
+    rows = []
+    for env_id in env_ids:
+        row = [env_id]
+        for exp_name in exp_names:
+            games, matrix = matrices[exp_name]
+            if env_id in games:
+                column = matrix[:, games.index(env_id)]
+                row.append(f"{column.mean():.3f} ± {column.std():.3f}")
+            else:
+                row.append("-")
+        rows.append(row)
+    for name, label in [("median", "Median"), ("iqm", "IQM")]:
+        row = [f"**{label}** (95% CI)"]
+        for exp_name in exp_names:
+            point, low, high = aggregates[exp_name][name]
+            row.append(f"**{point:.3f}** [{low:.3f}, {high:.3f}]")
+        rows.append(row)
+    counts = ", ".join(f"{e}: {m.shape[1]} games x {m.shape[0]} runs" for e, (_, m) in matrices.items())
+    return "\n\n".join(
+        [
+            f"Human-normalized score (0 = random, 1 = human) of each run's last-{last_episodes}-training-episode "
+            f"mean; per game mean ± std over seeds; median and IQM over games and runs with 95% "
+            f"stratified-bootstrap confidence intervals ({counts}).",
+            markdown_table(["Environment", *exp_names], rows),
+        ]
+    )
+
+
+def smoothed_curve(run: Run, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Trailing mean over the last `window` episodes, one point per distinct env step (the last episode there)."""
+    cumulative = np.concatenate([[0.0], np.cumsum(run.returns)])
+    counts = np.minimum(np.arange(1, len(run.returns) + 1), window)
+    ends = np.arange(1, len(run.returns) + 1)
+    trailing_mean = (cumulative[ends] - cumulative[ends - counts]) / counts
+    # several envs can finish an episode at the same step: keep the last one, so steps strictly increase
+    reversed_steps = run.steps[::-1]
+    unique_steps, first_in_reversed = np.unique(reversed_steps, return_index=True)
+    return unique_steps, trailing_mean[len(run.returns) - 1 - first_in_reversed]
+
+
+def learning_curve(runs: list[Run], num_points: int = 200, window: int = 20) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(grid, mean, std) over seeds on a common grid of env steps that every run covers (no extrapolation)."""
+    curves = [smoothed_curve(run, window) for run in runs]
+    start = max(steps[0] for steps, _ in curves)
+    stop = min(steps[-1] for steps, _ in curves)
+    grid = np.linspace(start, stop, num_points)
+    values = np.stack([np.interp(grid, steps, returns) for steps, returns in curves])
+    return grid, values.mean(axis=0), values.std(axis=0)
+
+
+def plot_learning_curves(
+    runs: list[Run], exp_names: list[str], env_ids: list[str], path: Path, num_points: int = 200, window: int = 20
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    num_cols = min(3, len(env_ids))
+    num_rows = -(-len(env_ids) // num_cols)
+    figure, axes = plt.subplots(num_rows, num_cols, figsize=(5 * num_cols, 3.6 * num_rows), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, env_id in zip(axes.flat, env_ids):
+        for i, exp_name in enumerate(exp_names):
+            members = [run for run in runs if run.exp_name == exp_name and run.env_id == env_id]
+            if not members:
+                continue
+            grid, mean, std = learning_curve(members, num_points, window)
+            color = colors[i % len(colors)]
+            ax.plot(grid, mean, color=color, label=f"{exp_name} ({len(members)} seeds)")
+            ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
+        ax.set_title(env_id)
+        ax.set_xlabel("env steps")
+        ax.set_ylabel(f"episodic return ({window}-episode mean)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in axes.flat[len(env_ids) :]:
+        ax.set_visible(False)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="report.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs-dir", nargs="+", type=Path, default=[Path("runs")], help="where the run directories are (searched recursively)")
+    parser.add_argument("--exp-names", nargs="+", default=None, help="exp_names to report, in column order (default: all)")
+    parser.add_argument("--env-ids", nargs="+", default=None, help="env ids to report, in row order (default: all, sorted)")
+    parser.add_argument("--output-dir", type=Path, default=Path("benchmark/results"), help="where the files are written")
+    parser.add_argument("--name", default="results", help="file name stem: <name>.md and <name>_curves.png")
+    parser.add_argument("--last-episodes", type=int, default=100, help="final performance = mean of this many last episodes")
+    parser.add_argument("--smoothing-window", type=int, default=20, help="episodes in the trailing mean of the plotted curves")
+    parser.add_argument("--num-points", type=int, default=200, help="points of the common env-step grid of the curves")
+    parser.add_argument("--bootstrap-reps", type=int, default=50_000, help="bootstrap resamples for the Atari confidence intervals")
+    parser.add_argument("--scores-csv", type=Path, default=HUMAN_RANDOM_CSV, help="random and human scores per Atari game")
+    parser.add_argument("--no-plot", action="store_true", help="write only the markdown")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    runs = load_runs(args.runs_dir, args.exp_names, args.env_ids)
+    if not runs:
+        print(f"error: no run with {RETURN_TAG} under {' '.join(map(str, args.runs_dir))}", file=sys.stderr)
+        return 1
+    exp_names = args.exp_names or list(dict.fromkeys(sorted(run.exp_name for run in runs)))
+    env_ids = args.env_ids or sorted({run.env_id for run in runs})
+    env_ids = [env_id for env_id in env_ids if any(run.env_id == env_id for run in runs)]
+    groups = group_runs(runs, args.last_episodes)
+
+    sections = [performance_markdown(groups, exp_names, env_ids, args.last_episodes)]
+    scores_table = load_human_random_scores(args.scores_csv)
+    matrices = human_normalized_matrices(groups, exp_names, env_ids, scores_table)
+    if matrices:
+        aggregates = aggregate_with_confidence(matrices, reps=args.bootstrap_reps)
+        sections.append(atari_markdown(matrices, aggregates, args.last_episodes))
+    if not args.no_plot:
+        curves_path = args.output_dir / f"{args.name}_curves.png"
+        plot_learning_curves(runs, exp_names, env_ids, curves_path, args.num_points, args.smoothing_window)
+        sections.append(f"Learning curves: `{curves_path}`")
+
+    markdown = "\n\n".join(sections) + "\n"
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / f"{args.name}.md").write_text(markdown)
+    print(markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

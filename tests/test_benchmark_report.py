@@ -1,0 +1,236 @@
+"""Tests of benchmark/report.py and benchmark/launch.py on synthetic TensorBoard logs with known values."""
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_module(name):
+    """Imports benchmark/<name>.py (a directory of scripts, not a package) as `benchmark_<name>`."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", REPO / "benchmark" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+report = load_module("report")
+launch = load_module("launch")
+
+
+def write_run(runs_dir, env_id, exp_name, seed, returns, runtime_s, steps=None, eval_returns=()):
+    """Logs `returns` as training episodes finishing at `steps`, the last one `runtime_s` after the writer opened."""
+    run_dir = runs_dir / f"{env_id}__{exp_name}__{seed}__{1700000000 + seed}"
+    steps = np.arange(1, len(returns) + 1) * 100 if steps is None else steps
+    start = time.time()
+    writer = SummaryWriter(str(run_dir))
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n|seed|%d|" % seed)
+    for i, (step, value) in enumerate(zip(steps, returns)):
+        wall_time = start + runtime_s * (i + 1) / len(returns)
+        writer.add_scalar("charts/episodic_return", value, int(step), walltime=wall_time)
+        writer.add_scalar("losses/td_loss", 0.5, int(step), walltime=wall_time - 1e-3)
+    # evaluation episodes logged after training with small step numbers must not erase the training curve
+    for i, value in enumerate(eval_returns):
+        writer.add_scalar("eval/episodic_return", value, i, walltime=start + runtime_s - 1.0)
+    writer.close()
+    return run_dir
+
+
+def cartpole_returns(seed):
+    """50 early episodes at 0, then 100 episodes of 100*seed + (0..9 repeated): last-100 mean = 100*seed + 4.5."""
+    return [0.0] * 50 + [100.0 * seed + (i % 10) for i in range(100)]
+
+
+def atari_returns(final_score):
+    """20 early episodes far below, then 100 episodes alternating final_score -+ 2: last-100 mean = final_score."""
+    return [-1000.0] * 20 + [final_score + (2.0 if i % 2 else -2.0) for i in range(100)]
+
+
+# Human-normalized scores chosen per (game, seed); scores are built from the table's random/human numbers.
+ATARI_HNS = {"Breakout-v5": (1.0, 2.0), "Pong-v5": (0.0, 1.0), "MsPacman-v5": (0.5, 3.0)}
+RANDOM_HUMAN = {"Breakout-v5": (1.7, 30.5), "Pong-v5": (-20.7, 14.6), "MsPacman-v5": (307.3, 6951.6)}
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("logs") / "runs"
+    for seed in (1, 2, 3):
+        write_run(runs, "CartPole-v1", "pqn", seed, cartpole_returns(seed), runtime_s=60.0 * seed, eval_returns=[7.0] * 3)
+    for env_id, hns in ATARI_HNS.items():
+        random_score, human_score = RANDOM_HUMAN[env_id]
+        for seed, target in zip((1, 2), hns):
+            score = random_score + target * (human_score - random_score)
+            write_run(runs, env_id, "pqn_atari_envpool", seed, atari_returns(score), runtime_s=120.0)
+    (runs / "not_a_run_name").mkdir()  # ignored: not named like a run
+    return runs
+
+
+def test_parse_run_name():
+    assert report.parse_run_name("Breakout-v5__pqn_atari_envpool_lstm__3__1700000123") == {
+        "env_id": "Breakout-v5",
+        "exp_name": "pqn_atari_envpool_lstm",
+        "seed": 3,
+        "timestamp": 1700000123,
+    }
+    assert report.parse_run_name("CartPole-v1__pqn__1") is None
+    assert report.parse_run_name("wandb") is None
+
+
+def test_read_run_keeps_every_episode_in_order(runs_dir):
+    (path,) = [p for p in report.find_run_dirs([runs_dir]) if p.name.startswith("CartPole-v1__pqn__2__")]
+    run = report.read_run(path)
+    assert (run.env_id, run.exp_name, run.seed) == ("CartPole-v1", "pqn", 2)
+    np.testing.assert_array_equal(run.returns, cartpole_returns(2))
+    np.testing.assert_array_equal(run.steps, np.arange(1, 151) * 100)
+    assert run.runtime_s == pytest.approx(120.0, abs=1.0)
+
+
+def test_final_performance_table(runs_dir):
+    runs = report.load_runs([runs_dir])
+    assert len(runs) == 3 + 6
+    groups = report.group_runs(runs, last_episodes=100)
+    cartpole = groups[("pqn", "CartPole-v1")]
+    assert cartpole.seeds == [1, 2, 3]
+    # per seed: 100*seed + 4.5; over seeds: mean 204.5, population std sqrt((100^2 + 0 + 100^2) / 3) = 81.6497
+    np.testing.assert_allclose(cartpole.final_scores, [104.5, 204.5, 304.5])
+    assert cartpole.mean == pytest.approx(204.5)
+    assert cartpole.std == pytest.approx(81.64965809)
+    np.testing.assert_allclose(cartpole.runtimes_min, [1.0, 2.0, 3.0], atol=0.02)
+    np.testing.assert_array_equal(cartpole.final_steps, [15000, 15000, 15000])
+
+    markdown = report.performance_markdown(groups, ["pqn", "pqn_atari_envpool"], ["CartPole-v1", "Pong-v5"])
+    assert "| CartPole-v1 | 204.50 ± 81.65 | - |" in markdown
+    assert "| CartPole-v1 | 2.0 | - |" in markdown  # runtime, minutes
+    assert "| CartPole-v1 | 3 (1, 2, 3); 15,000 | - |" in markdown
+    # Pong: seeds at hns 0 and 1 are the random (-20.7) and human (14.6) scores: mean -3.05, std 17.65
+    assert "| Pong-v5 | - | -3.05 ± 17.65 |" in markdown
+
+
+def test_atari_game_names_match_the_score_table():
+    table = report.load_human_random_scores()
+    assert len(table) == 57
+    assert table["breakout"] == (1.7, 30.5)
+    for env_id, game in [
+        ("MsPacman-v5", "ms_pacman"),
+        ("SpaceInvaders-v5", "space_invaders"),
+        ("BeamRider-v5", "beam_rider"),
+        ("Pong-v5", "pong"),
+        ("Breakout-v5", "breakout"),
+        ("UpNDown-v5", "up_n_down"),
+        ("KungFuMaster-v5", "kung_fu_master"),
+        ("MontezumaRevenge-v5", "montezuma_revenge"),
+    ]:
+        assert report.atari_game_name(env_id) == game
+        assert game in table
+    assert report.atari_game_name("CartPole-v1") not in table
+
+
+def test_human_normalized_scores_and_aggregates(runs_dir):
+    groups = report.group_runs(report.load_runs([runs_dir]), last_episodes=100)
+    env_ids = ["CartPole-v1", "Breakout-v5", "Pong-v5", "MsPacman-v5"]
+    matrices = report.human_normalized_matrices(groups, ["pqn", "pqn_atari_envpool"], env_ids, report.load_human_random_scores())
+    assert list(matrices) == ["pqn_atari_envpool"]  # CartPole is not an Atari game
+    games, matrix = matrices["pqn_atari_envpool"]
+    assert games == ["Breakout-v5", "Pong-v5", "MsPacman-v5"]
+    # rows = seeds 1, 2; columns = games; e.g. Breakout seed 2 scored 1.7 + 2 * (30.5 - 1.7) = 59.3 -> 2.0
+    np.testing.assert_allclose(matrix, [[1.0, 0.0, 0.5], [2.0, 1.0, 3.0]], atol=1e-5)
+
+    aggregates = report.aggregate_with_confidence(matrices, reps=2000, seed=0)["pqn_atari_envpool"]
+    # median over games of the per-game means (1.5, 0.5, 1.75) = 1.5
+    # IQM of the 6 scores: sorted 0, 0.5, 1, 1, 2, 3; drop one at each end; mean(0.5, 1, 1, 2) = 1.125
+    median, median_low, median_high = aggregates["median"]
+    iqm, iqm_low, iqm_high = aggregates["iqm"]
+    assert median == pytest.approx(1.5, abs=1e-5)
+    assert iqm == pytest.approx(1.125, abs=1e-5)
+    # resampling 2 runs per game: the median of game means lies in [0, 2.5] (Pong at most 1 ... MsPacman at most 3)
+    assert 0.0 <= median_low < median < median_high <= 3.0
+    assert 0.0 <= iqm_low < iqm < iqm_high <= 3.0
+
+    markdown = report.atari_markdown(matrices, {"pqn_atari_envpool": aggregates})
+    assert "| Breakout-v5 | 1.500 ± 0.500 |" in markdown
+    assert "| MsPacman-v5 | 1.750 ± 1.250 |" in markdown
+    assert "| **Median** (95% CI) | **1.500** [" in markdown
+    assert "| **IQM** (95% CI) | **1.125** [" in markdown
+
+
+def test_smoothed_curve_keeps_last_episode_per_step():
+    run = report.Run("E", "x", 1, Path("."), np.array([10, 10, 20, 40]), np.array([1.0, 3.0, 5.0, 7.0]), 0.0)
+    steps, values = report.smoothed_curve(run, window=2)
+    # trailing 2-episode means: 1, 2, 4, 6; at step 10 the later episode (mean 2) counts
+    np.testing.assert_array_equal(steps, [10, 20, 40])
+    np.testing.assert_allclose(values, [2.0, 4.0, 6.0])
+
+
+def test_learning_curve_on_common_grid():
+    a = report.Run("E", "x", 1, Path("."), np.array([0, 10, 20]), np.array([0.0, 10.0, 20.0]), 0.0)
+    b = report.Run("E", "x", 2, Path("."), np.array([5, 15, 25]), np.array([30.0, 30.0, 30.0]), 0.0)
+    grid, mean, std = report.learning_curve([a, b], num_points=3, window=1)
+    # grid spans only what both runs cover: 5 .. 20; run a is linear (value = step), run b constant 30
+    np.testing.assert_allclose(grid, [5.0, 12.5, 20.0])
+    np.testing.assert_allclose(mean, [17.5, 21.25, 25.0])
+    np.testing.assert_allclose(std, [12.5, 8.75, 5.0])
+
+
+def test_report_cli_writes_markdown_and_plot(runs_dir, tmp_path):
+    out = tmp_path / "results"
+    argv = ["--runs-dir", str(runs_dir), "--output-dir", str(out), "--name", "pqn", "--bootstrap-reps", "500"]
+    assert report.main(argv) == 0
+    markdown = (out / "pqn.md").read_text()
+    assert "| CartPole-v1 | 204.50 ± 81.65 | - |" in markdown
+    assert "**IQM** (95% CI)" in markdown
+    png = (out / "pqn_curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert report.main(["--runs-dir", str(tmp_path / "empty"), "--output-dir", str(out)]) == 1
+
+
+# The launched "training script": records the arguments it got in a file named after them.
+RECORD_ARGS = (
+    "import pathlib, sys; out = pathlib.Path(sys.argv[1]); "
+    "out.joinpath('_'.join(sys.argv[2:])).write_text('ran'); "
+    "sys.exit(3 if sys.argv[-1] == '2' and 'Acrobot' in sys.argv[-3] else 0)"
+)
+
+
+def run_launcher(*args):
+    return subprocess.run(
+        [sys.executable, str(REPO / "benchmark" / "launch.py"), *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_launcher_appends_env_id_and_seed(tmp_path):
+    result = run_launcher(
+        "--env-ids", "CartPole-v1", "MountainCar-v0", "--seeds", "1", "2", "--workers", "2",
+        "--", sys.executable, "-c", RECORD_ARGS, str(tmp_path), "--no-track",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "--no-track_--env-id_CartPole-v1_--seed_1",
+        "--no-track_--env-id_CartPole-v1_--seed_2",
+        "--no-track_--env-id_MountainCar-v0_--seed_1",
+        "--no-track_--env-id_MountainCar-v0_--seed_2",
+    ]
+    assert "4/4 runs succeeded" in result.stdout
+
+
+def test_launcher_exit_code_when_a_run_fails(tmp_path):
+    result = run_launcher(
+        "--env-ids", "CartPole-v1", "Acrobot-v1", "--seeds", "1", "2", "--workers", "1",
+        "--", sys.executable, "-c", RECORD_ARGS, str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert len(list(tmp_path.iterdir())) == 4  # a failed run does not stop the others
+    assert "FAILED (exit 3)" in result.stdout and "3/4 runs succeeded, 1 failed" in result.stdout
+
+
+def test_launcher_requires_a_command():
+    result = run_launcher("--env-ids", "CartPole-v1", "--seeds", "1")
+    assert result.returncode != 0 and "--" in result.stderr
+    assert launch.make_jobs(["A"], [4], ["python", "x.py"])[0].command == ["python", "x.py", "--env-id", "A", "--seed", "4"]
