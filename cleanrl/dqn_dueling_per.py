@@ -51,12 +51,14 @@ class Args:
 
     env_id: str = "CartPole-v1"
     """the id of the envpool environment (classic control or Atari, e.g. `Breakout-v5`)"""
-    total_timesteps: int = 200_000
+    total_timesteps: int = 120_000
     """total environment steps of the experiment, summed over the vectorized environments"""
     num_envs: int = 8
     """the number of parallel environments"""
-    learning_rate: float = 5e-4
-    """the learning rate of the Adam optimizer, annealed linearly to 0 over the run"""
+    learning_rate: float = 1e-3
+    """the learning rate of the Adam optimizer"""
+    anneal_lr: bool = True
+    """if toggled, anneal the learning rate linearly to zero over the run (keeps the final policy stable)"""
     buffer_size: int = 100_000
     """the replay capacity in n-step transitions (Atari stores obs and next obs: about 56 KB each)"""
     gamma: float = 0.99
@@ -462,7 +464,8 @@ def main(args: Args) -> list[float]:
             td_errors = targets - q_taken
             # Importance weights scale each sample's Huber loss, i.e. its share of the gradient.
             loss = (torch.as_tensor(weights, device=device) * F.smooth_l1_loss(q_taken, targets, reduction="none")).mean()
-            optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (global_step - args.num_envs) / args.total_timesteps)
+            if args.anneal_lr:
+                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
