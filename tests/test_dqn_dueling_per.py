@@ -1,0 +1,276 @@
+import glob
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from cleanrl.dqn_dueling_per import (
+    Args,
+    DuelingQNetwork,
+    NStepWindow,
+    PrioritizedReplayBuffer,
+    SegmentTree,
+    double_q_targets,
+    dueling_combine,
+    importance_weights,
+    main,
+)
+
+
+def filled_buffer(priorities, alpha, capacity=None, seed=0):
+    """A buffer of len(priorities) transitions whose action field is the insertion number."""
+    n = len(priorities)
+    rb = PrioritizedReplayBuffer(capacity or n, (2,), np.float32, alpha, seed=seed)
+    rb.add(np.zeros((n, 2)), np.arange(n), np.zeros(n), np.ones(n), np.zeros((n, 2)))
+    rb.update_priorities(np.arange(n), np.asarray(priorities, dtype=np.float64))
+    return rb
+
+
+# ---------------------------------------------------------------- trees
+
+
+def test_segment_tree_matches_plain_sum_and_min_with_duplicate_indices():
+    rng = np.random.default_rng(0)
+    capacity = 37  # not a power of two: padded leaves must stay neutral
+    sums, mins = SegmentTree(capacity, np.add, 0.0), SegmentTree(capacity, np.minimum, np.inf)
+    plain = np.zeros(capacity)
+    written = np.zeros(capacity, dtype=bool)
+    for _ in range(200):
+        idx = rng.integers(0, capacity, size=rng.integers(1, 20))  # repeats are frequent
+        val = rng.random(len(idx))
+        sums.update(idx, val)
+        mins.update(idx, val)
+        for i, v in zip(idx, val):  # sequential writes: the last one wins
+            plain[i] = v
+            written[i] = True
+        assert sums.root == pytest.approx(plain.sum(), rel=1e-12)
+        assert mins.root == plain[written].min()
+    np.testing.assert_array_equal(sums.leaves(np.arange(capacity)), plain)
+
+
+def test_find_prefix_sum_against_cumulative_search():
+    rng = np.random.default_rng(1)
+    values = rng.random(100)
+    values[[0, 17, 18, 99]] = 0.0  # zero leaves, including the first and the last
+    tree = SegmentTree(100)
+    tree.update(np.arange(100), values)
+    mass = rng.random(5000) * values.sum()
+    expected = np.searchsorted(np.cumsum(values), mass, side="right")
+    np.testing.assert_array_equal(tree.find_prefix_sum(mass), expected)
+
+
+def test_find_prefix_sum_never_returns_a_zero_leaf_at_the_edges():
+    tree = SegmentTree(8)
+    tree.update(np.arange(5), [0.0, 0.3, 0.0, 0.7, 0.0])  # leaves 5..7 empty
+    got = tree.find_prefix_sum(np.array([0.0, tree.root, tree.root * (1 + 1e-12), 0.3]))
+    np.testing.assert_array_equal(got, [1, 3, 3, 3])
+
+
+# ---------------------------------------------------------------- prioritized buffer
+
+
+def test_sampling_frequencies_match_priorities_to_the_alpha():
+    priorities = np.array([0.05, 0.3, 1.0, 2.0, 0.6, 4.0, 0.01, 1.5])
+    alpha = 0.6
+    rb = filled_buffer(priorities, alpha, capacity=10, seed=123)  # two empty slots
+    counts = np.zeros(10)
+    for _ in range(2000):
+        _, indices, _ = rb.sample(64, beta=0.4)
+        counts += np.bincount(indices, minlength=10)
+    freq = counts / counts.sum()
+    expected = priorities**alpha / np.sum(priorities**alpha)
+    assert freq[8:].sum() == 0
+    # 128k draws: binomial std <= 0.0014; a tree without alpha or off by one leaf is off by > 0.02.
+    np.testing.assert_allclose(freq[:8], expected, atol=0.004)
+
+
+def test_alpha_zero_is_uniform():
+    rb = filled_buffer([0.01, 1.0, 100.0, 5.0], alpha=0.0, seed=3)
+    counts = np.zeros(4)
+    for _ in range(500):
+        counts += np.bincount(rb.sample(32, beta=1.0)[1], minlength=4)
+    np.testing.assert_allclose(counts / counts.sum(), 0.25, atol=0.01)
+
+
+def test_importance_weights_by_hand():
+    # p = [1, 2, 4], alpha = 0.5 -> p^a = [1, 1.41421, 2], total 4.41421, N = 3:
+    # N P = [0.67963, 0.96116, 1.35926]; (N P)^-0.5 = [1.21301, 1.02001, 0.85773]; / 1.21301:
+    expected = {0: 1.0, 1: 0.840896, 2: 0.707107}
+    rb = filled_buffer([1.0, 2.0, 4.0], alpha=0.5, seed=0)
+    batch, indices, weights = rb.sample(300, beta=0.5)
+    assert set(indices.tolist()) == {0, 1, 2}
+    for i, w in zip(indices, weights):
+        assert w == pytest.approx(expected[int(i)], rel=1e-5)
+    np.testing.assert_array_equal(batch.actions, indices)  # the batch rows belong to the indices
+    # The normaliser is the whole buffer's largest weight, so a batch without item 0 stays < 1.
+    w = importance_weights(np.array([2.0**0.5, 2.0]), 1.0, beta=1.0)
+    np.testing.assert_allclose(w, [2.0**-0.5, 0.5], rtol=1e-6)
+
+
+def test_priority_update_changes_later_sampling():
+    rb = filled_buffer(np.ones(16), alpha=0.6, seed=5)
+    before = np.bincount(rb.sample(256, beta=0.4)[1], minlength=16)
+    assert before[7] < 40  # about 16 of 256
+    rb.update_priorities(np.array([7, 7]), np.array([1000.0, 1000.0]))
+    after = np.bincount(rb.sample(256, beta=0.4)[1], minlength=16)
+    # 1000^0.6 = 63.1 against 15 x 1: item 7 holds 80.8% of the mass.
+    assert after[7] == pytest.approx(256 * 63.0957 / 78.0957, abs=2)
+
+
+def test_new_transitions_get_the_max_priority_and_fifo_eviction():
+    rb = PrioritizedReplayBuffer(4, (1,), np.float32, alpha=0.5, seed=0)
+    rb.add(np.zeros((3, 1)), np.array([0, 1, 2]), np.zeros(3), np.ones(3), np.zeros((3, 1)))
+    np.testing.assert_allclose(rb.sum_tree.leaves(np.arange(4)), [1, 1, 1, 0])  # first max priority is 1
+    rb.update_priorities(np.array([1]), np.array([9.0]))
+    rb.update_priorities(np.array([0, 2]), np.array([0.25, 0.25]))  # lower: the max stays 9
+    rb.add(np.zeros((3, 1)), np.array([3, 4, 5]), np.zeros(3), np.ones(3), np.zeros((3, 1)))
+    # Items 0 and 1 (the oldest) were overwritten by 4 and 5, whatever their priority.
+    np.testing.assert_array_equal(rb.actions, [4, 5, 2, 3])
+    np.testing.assert_allclose(rb.sum_tree.leaves(np.arange(4)), [3.0, 3.0, 0.5, 3.0])
+    assert rb.min_tree.root == pytest.approx(0.5)
+    assert rb.size == 4 and rb.pos == 2
+
+
+# ---------------------------------------------------------------- n-step window
+
+
+def reference_nstep(stream, n, gamma):
+    """Plain per-env loop: split each env's real steps into episodes and build every n-step transition."""
+    out = []
+    num_envs = len(stream[0]["obs"])
+    for e in range(num_envs):
+        episode = []
+        for step in stream:
+            if not step["real"][e]:
+                continue
+            episode.append({k: step[k][e] for k in ("obs", "action", "reward", "term", "trunc", "next_obs")})
+            if step["term"][e] or step["trunc"][e]:
+                for t in range(max(0, len(episode) - n), len(episode)):  # the ones not yet full
+                    m = len(episode) - t
+                    ret = sum(gamma**k * episode[t + k]["reward"] for k in range(m))
+                    last = episode[t + m - 1]
+                    disc = 0.0 if last["term"] else gamma**m
+                    out.append((float(episode[t]["obs"]), int(episode[t]["action"]), ret, disc, float(last["next_obs"])))
+                episode = []
+            else:
+                if len(episode) >= n:
+                    t = len(episode) - n
+                    ret = sum(gamma**k * episode[t + k]["reward"] for k in range(n))
+                    out.append((float(episode[t]["obs"]), int(episode[t]["action"]), ret, gamma**n, float(episode[-1]["next_obs"])))
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_nstep_window_matches_plain_loop(n):
+    rng = np.random.default_rng(n)
+    num_envs, gamma = 3, 0.9
+    stream, is_reset = [], np.zeros(num_envs, dtype=bool)
+    counter = 0.0
+    for _ in range(200):
+        term = rng.random(num_envs) < 0.08
+        trunc = ~term & (rng.random(num_envs) < 0.05)
+        real = ~is_reset
+        obs = counter + np.arange(num_envs) * 0.001  # unique ids for every observation
+        counter += 1
+        step = dict(obs=obs, action=rng.integers(0, 4, num_envs), reward=rng.normal(size=num_envs),
+                    term=term & real, trunc=trunc & real, next_obs=obs + 0.5, real=real)
+        stream.append(step)
+        is_reset = step["term"] | step["trunc"]
+    window = NStepWindow(n, num_envs, (), np.float64, gamma)
+    got = []
+    for s in stream:
+        o, a, r, d, no = window.push(s["obs"], s["action"], s["reward"], s["term"], s["trunc"], s["next_obs"], s["real"])
+        got += [(float(x), int(y), float(z), float(w), float(v)) for x, y, z, w, v in zip(o, a, r, d, no)]
+    expected = reference_nstep(stream, n, gamma)
+    assert len(got) == len(expected) > 100
+    key = lambda t: (t[0], t[4])
+    for g, e in zip(sorted(got, key=key), sorted(expected, key=key)):
+        assert g[:2] == e[:2] and g[4] == e[4]
+        assert g[2] == pytest.approx(e[2]) and g[3] == pytest.approx(e[3])
+
+
+def test_nstep_window_truncation_bootstraps_and_termination_does_not():
+    w = NStepWindow(2, 2, (), np.float64, gamma=0.5)
+    real, no = np.array([True, True]), np.array([False, False])
+    w.push(np.array([0.0, 10.0]), np.array([0, 0]), np.array([1.0, 1.0]), no, no, np.array([1.0, 11.0]), real)
+    o, a, r, d, nxt = w.push(np.array([1.0, 11.0]), np.array([1, 1]), np.array([2.0, 2.0]),
+                             np.array([True, False]), np.array([False, True]), np.array([2.0, 12.0]), real)
+    got = sorted(zip(o.tolist(), r.tolist(), d.tolist(), nxt.tolist()))
+    # env 0 terminates: no bootstrap; env 1 times out: bootstrap from its final obs 12.
+    assert got == [(0.0, 2.0, 0.0, 2.0), (1.0, 2.0, 0.0, 2.0), (10.0, 2.0, 0.25, 12.0), (11.0, 2.0, 0.5, 12.0)]
+    # The next call is the autoreset step of both envs: nothing enters, nothing leaves.
+    out = w.push(np.array([2.0, 12.0]), np.array([0, 0]), np.array([0.0, 0.0]), no, no, np.array([5.0, 15.0]), no)
+    assert len(out[0]) == 0
+
+
+# ---------------------------------------------------------------- network and targets
+
+
+def test_dueling_combine_by_hand():
+    value = torch.tensor([[1.0], [-2.0]])
+    advantage = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 6.0]])
+    expected = torch.tensor([[0.0, 1.0, 2.0], [-4.0, -4.0, 2.0]])  # per-row mean: 2 and 2
+    torch.testing.assert_close(dueling_combine(value, advantage), expected)
+
+
+def test_dueling_network_shapes_and_mean_advantage_identity():
+    torch.manual_seed(0)
+    for shape in [(4,), (4, 84, 84)]:
+        net = DuelingQNetwork(shape, 3)
+        x = torch.rand(5, *shape) * (255 if len(shape) == 3 else 1)
+        q = net(x)
+        assert q.shape == (5, 3)
+        z = net.torso(x.float() / 255 if len(shape) == 3 else x)
+        torch.testing.assert_close(q.mean(dim=1, keepdim=True), net.value(z))  # mean_a Q = V
+
+
+def test_double_q_targets_by_hand():
+    returns = torch.tensor([1.0, 2.0])
+    discounts = torch.tensor([0.5, 0.0])
+    online = torch.tensor([[0.0, 9.0], [3.0, 1.0]])  # picks action 1, then 0
+    target = torch.tensor([[7.0, 4.0], [100.0, 100.0]])  # values the picked action: 4, (terminal)
+    torch.testing.assert_close(double_q_targets(returns, discounts, online, target), torch.tensor([3.0, 2.0]))
+
+
+# ---------------------------------------------------------------- script
+
+
+@pytest.mark.parametrize(
+    "overrides, flag",
+    [
+        (dict(batch_size=64, buffer_size=32), "--buffer-size"),
+        (dict(alpha=1.5), "--alpha"),
+        (dict(beta_start=-0.1), "--beta-start"),
+        (dict(n_step=0), "--n-step"),
+        (dict(env_id="LunarLanderContinuous-v3"), "--env-id"),
+        (dict(env_id="NoSuchEnv-v0"), "--env-id"),
+        (dict(train_frequency=6, num_envs=4), "--train-frequency"),
+    ],
+)
+def test_bad_flags_stop_with_a_clear_error(overrides, flag):
+    with pytest.raises(SystemExit, match=flag):
+        main(Args(**overrides))
+
+
+def test_smoke_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = Args(total_timesteps=3000, learning_starts=500, buffer_size=1000, batch_size=32,
+                num_envs=4, train_frequency=4, save_model=True, eval_episodes=2)
+    scores = main(args)
+    assert isinstance(scores, list) and len(scores) > 50
+    assert all(math.isfinite(s) and 8 <= s <= 500 for s in scores)  # CartPole scores
+    runs = glob.glob("runs/CartPole-v1__dqn_dueling_per__1__*")
+    assert len(runs) == 1
+    assert glob.glob(f"{runs[0]}/events.out.tfevents.*")
+    state = torch.load(f"{runs[0]}/dqn_dueling_per.cleanrl_model", weights_only=True)
+    assert all(torch.isfinite(t).all() for t in state.values())
+
+
+@pytest.mark.learning
+def test_learns_cartpole(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # The default run (120k steps, about 105 s of CPU time); the schedules scale with the run length,
+    # and shorter runs decay epsilon and the learning rate too fast to learn reliably.
+    scores = main(Args(seed=1))
+    assert np.mean(scores[-20:]) >= 400, np.mean(scores[-20:])
