@@ -282,7 +282,7 @@ def evaluate(
     ).to(device)
     model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
     model.eval()
-    obs, _ = envs.reset(seed=seed)
+    obs, _ = envs.reset(seed=seed) if capture_video else envs.reset()
     scores, score = [], 0.0
     while len(scores) < eval_episodes:
         if random.random() < epsilon:
@@ -342,7 +342,7 @@ def main(args: Args) -> list[float]:
     )
     N, N_prime, K = args.num_tau_samples, args.num_tau_prime_samples, args.num_quantile_samples
 
-    obs, _ = envs.reset(seed=args.seed)
+    obs, _ = envs.reset()  # envpool is seeded at construction
     obs_starts_game = np.ones(args.num_envs, dtype=bool)  # o_t is the first observation of a game
     obs_is_last = np.zeros(args.num_envs, dtype=bool)  # the step that returned o_t ended an episode
     obs_ends_game = np.zeros(args.num_envs, dtype=bool)  # ... and the game with it (no further life)
