@@ -51,7 +51,7 @@ class Args:
     """the id of the envpool environment (classic control, vector observations)"""
     total_timesteps: int = 100_000
     """total environment steps of the experiment, summed over the vectorized environments"""
-    num_envs: int = 1
+    num_envs: int = 4
     """the number of parallel environments"""
     learning_rate: float = 1e-3
     """the learning rate of the Adam optimizer"""
@@ -67,7 +67,7 @@ class Args:
     """the number of transitions per gradient update"""
     learning_starts: int = 1_000
     """environment steps of uniform-random acting before learning starts"""
-    train_frequency: int = 1
+    train_frequency: int = 4
     """environment steps per gradient update"""
     target_network_frequency: int = 500
     """environment steps between copies of the online network into the target network"""
@@ -75,13 +75,13 @@ class Args:
     """the starting epsilon of the epsilon-greedy exploration"""
     end_e: float = 0.01
     """the final epsilon of the epsilon-greedy exploration"""
-    exploration_steps: int = 20_000
+    exploration_steps: int = 10_000
     """environment steps over which epsilon decays linearly from `start_e` to `end_e`"""
     eval_epsilon: float = 0.001
     """the epsilon of the evaluation episodes"""
-    num_tau_samples: int = 64
+    num_tau_samples: int = 8
     """N: quantile samples of the online network per transition in the loss"""
-    num_tau_prime_samples: int = 64
+    num_tau_prime_samples: int = 8
     """N': quantile samples of the target distribution per transition in the loss"""
     num_quantile_samples: int = 32
     """K: quantile samples whose mean gives the Q-values used to pick actions"""
@@ -89,7 +89,7 @@ class Args:
     """the number of cosine features cos(pi i tau), i = 1..dim, of the quantile embedding"""
     kappa: float = 1.0
     """the threshold of the Huber loss inside the quantile loss"""
-    hidden_dim: int = 128
+    hidden_dim: int = 64
     """width of the MLP torso, of the quantile embedding and of the hidden layer of the head"""
 
 
@@ -265,7 +265,7 @@ def evaluate(
     epsilon: float = 0.001,
     num_quantile_samples: int = 32,
     quantile_embedding_dim: int = 64,
-    hidden_dim: int = 128,
+    hidden_dim: int = 64,
     seed: int = 0,
     capture_video: bool = False,
     run_name: str = "eval",
