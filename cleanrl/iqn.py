@@ -59,7 +59,7 @@ class Args:
     """the epsilon of the Adam optimizer"""
     anneal_lr: bool = True
     """if toggled, the learning rate decays linearly to 0 over training"""
-    buffer_size: int = 50_000
+    buffer_size: int = 100_000
     """the replay capacity in transitions (split evenly over the environments)"""
     gamma: float = 0.99
     """the discount factor"""

@@ -247,11 +247,13 @@ def test_smoke_iqn_atari(tmp_path, monkeypatch):
     assert all(torch.isfinite(v).all() for v in state.values())
 
 
+# Environment steps of the learning check: 30k steps at the default 4 envs, one update per 4 steps.
+LEARNING_STEPS = 30_000
+
+
 @pytest.mark.learning
 def test_iqn_learns_cartpole(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     scores = iqn.main(iqn.Args(total_timesteps=LEARNING_STEPS, seed=1))
     assert np.mean(scores[-20:]) >= 150, scores[-20:]  # random play: about 22
 
-
-LEARNING_STEPS = 30_000
