@@ -69,7 +69,7 @@ class Args:
     """environment steps of uniform-random acting before learning starts"""
     train_frequency: int = 4
     """environment steps per gradient update"""
-    target_network_frequency: int = 500
+    target_network_frequency: int = 50
     """environment steps between copies of the online network into the target network"""
     start_e: float = 1.0
     """the starting epsilon of the epsilon-greedy exploration"""
