@@ -1,0 +1,479 @@
+"""Implicit Quantile Networks (IQN) on Atari (envpool), with the paper's hyperparameters.
+
+IQN learns the whole distribution of returns: the network maps a state and a quantile level tau ~ U(0, 1) to the
+tau-quantile of the return of each action, trained with the quantile Huber loss against quantiles of the one-step
+target distribution; actions are greedy in the mean over K sampled quantiles. The replay stores each frame once
+and rebuilds the 4-frame stacks from indices, so 1M transitions take about 7 GB instead of 56 GB.
+
+Paper: Dabney, Ostrovski, Silver, Munos, "Implicit Quantile Networks for Distributional Reinforcement Learning",
+ICML 2018. Docs: docs/rl-algorithms/iqn.md
+"""
+
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import envpool
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be enabled when available"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases"""
+    wandb_project_name: str = "cleanrl-q"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to record videos of the evaluation episodes (to `videos/<run_name>/`)"""
+    save_model: bool = False
+    """whether to save the model to `runs/<run_name>/` and evaluate it after training"""
+    eval_episodes: int = 10
+    """the number of episodes of the evaluation after training (with `--save-model`)"""
+
+    env_id: str = "Breakout-v5"
+    """the id of the envpool Atari environment"""
+    total_timesteps: int = 50_000_000
+    """total environment (agent) steps of the experiment, summed over the vectorized environments; 4 frames each"""
+    num_envs: int = 1
+    """the number of parallel environments"""
+    learning_rate: float = 5e-5
+    """the learning rate of the Adam optimizer"""
+    adam_eps: float = 3.125e-4
+    """the epsilon of the Adam optimizer (0.01 / batch size, as in the paper)"""
+    anneal_lr: bool = False
+    """if toggled, the learning rate decays linearly to 0 over training"""
+    buffer_size: int = 1_000_000
+    """the replay capacity in transitions (split evenly over the environments)"""
+    gamma: float = 0.99
+    """the discount factor"""
+    batch_size: int = 32
+    """the number of transitions per gradient update"""
+    learning_starts: int = 50_000
+    """environment steps of uniform-random acting before learning starts"""
+    train_frequency: int = 4
+    """environment steps per gradient update"""
+    target_network_frequency: int = 10_000
+    """environment steps between copies of the online network into the target network"""
+    start_e: float = 1.0
+    """the starting epsilon of the epsilon-greedy exploration"""
+    end_e: float = 0.01
+    """the final epsilon of the epsilon-greedy exploration"""
+    exploration_steps: int = 1_000_000
+    """environment steps over which epsilon decays linearly from `start_e` to `end_e`"""
+    eval_epsilon: float = 0.001
+    """the epsilon of the evaluation episodes"""
+    num_tau_samples: int = 64
+    """N: quantile samples of the online network per transition in the loss"""
+    num_tau_prime_samples: int = 64
+    """N': quantile samples of the target distribution per transition in the loss"""
+    num_quantile_samples: int = 32
+    """K: quantile samples whose mean gives the Q-values used to pick actions"""
+    quantile_embedding_dim: int = 64
+    """the number of cosine features cos(pi i tau), i = 1..dim, of the quantile embedding"""
+    kappa: float = 1.0
+    """the threshold of the Huber loss inside the quantile loss"""
+    hidden_dim: int = 512
+    """width of the hidden layer of the head"""
+
+
+def validate_args(args: Args) -> None:
+    if args.env_id not in envpool.list_all_envs():
+        raise SystemExit(f"error: --env-id={args.env_id}: not an envpool environment id")
+    spec = envpool.make_spec(args.env_id)
+    if not isinstance(spec.action_space, gym.spaces.Discrete):
+        raise SystemExit(f"error: --env-id={args.env_id}: the action space must be Discrete")
+    if tuple(spec.observation_space.shape) != (STACK_NUM, 84, 84):
+        raise SystemExit(f"error: --env-id={args.env_id}: needs an Atari environment (for vectors use iqn.py)")
+    positive = ["total_timesteps", "num_envs", "batch_size", "train_frequency", "target_network_frequency",
+                "exploration_steps", "num_tau_samples", "num_tau_prime_samples", "num_quantile_samples",
+                "quantile_embedding_dim", "hidden_dim", "learning_rate", "adam_eps", "kappa"]  # fmt: skip
+    for name in positive:
+        if getattr(args, name) <= 0:
+            raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be > 0")
+    for name in ["gamma", "start_e", "end_e", "eval_epsilon"]:
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be in [0, 1]")
+    if args.learning_starts < args.batch_size:
+        raise SystemExit(f"error: --learning-starts={args.learning_starts}: must be >= --batch-size={args.batch_size}")
+    if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 2 * STACK_NUM + 2):
+        raise SystemExit(
+            f"error: --buffer-size={args.buffer_size}: must hold --learning-starts={args.learning_starts} steps "
+            f"and at least {2 * STACK_NUM + 2} steps per environment (--num-envs={args.num_envs})"
+        )
+    if args.eval_episodes < 0:
+        raise SystemExit(f"error: --eval-episodes={args.eval_episodes}: must be >= 0")
+
+
+# Frames per observation: the agent sees the last 4 (max-pooled) frames.
+STACK_NUM = 4
+
+
+def make_env(env_id: str, num_envs: int, seed: int, training: bool = True):
+    """envpool Atari with the paper's protocol; training ends an episode at each lost life and clips rewards."""
+    return envpool.make(
+        env_id,
+        env_type="gymnasium",
+        num_envs=num_envs,
+        seed=seed,
+        stack_num=STACK_NUM,
+        episodic_life=training,
+        reward_clip=training,
+        max_episode_steps=27_000,  # 108,000 frames
+        noop_max=30,
+        repeat_action_probability=0.0,
+    )
+
+
+def make_video_env(env_id: str, run_name: str):
+    """ale-py's gymnasium env with the same preprocessing as envpool, recording every episode."""
+    try:
+        import ale_py
+    except ImportError as e:
+        raise SystemExit("error: --capture-video: needs the `video` extra (pip install ale-py moviepy)") from e
+    gym.register_envs(ale_py)
+    env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array")
+    env = gym.wrappers.RecordVideo(env, f"videos/{run_name}")
+    env = gym.wrappers.AtariPreprocessing(
+        env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False, grayscale_obs=True
+    )
+    return gym.wrappers.FrameStackObservation(env, STACK_NUM)
+
+
+def cosine_embedding(taus: torch.Tensor, embedding_dim: int) -> torch.Tensor:
+    """cos(pi * i * tau) for i = 1..embedding_dim. taus (B, N) -> (B, N, embedding_dim)."""
+    i = torch.arange(1, embedding_dim + 1, device=taus.device, dtype=taus.dtype)
+    return torch.cos(torch.pi * i * taus.unsqueeze(-1))
+
+
+class QuantileNetwork(nn.Module):
+    """Z(x, tau) = head(psi(x) * phi(tau)): the tau-quantiles of the return of every action.
+
+    x (B, *obs_shape) and taus (B, N) -> (B, N, num_actions). The state features psi(x) are computed once per state
+    and multiplied element-wise by the embedding phi(tau) = ReLU(Linear(cos(pi i tau))) of each quantile level.
+    """
+
+    def __init__(self, num_actions: int, embedding_dim: int, hidden_dim: int):
+        super().__init__()
+        self.embedding_dim = embedding_dim
+        self.torso = nn.Sequential(  # the Nature DQN CNN
+            nn.Conv2d(STACK_NUM, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        feature_dim = 64 * 7 * 7
+        self.tau_embedding = nn.Sequential(nn.Linear(embedding_dim, feature_dim), nn.ReLU())
+        self.head = nn.Sequential(nn.Linear(feature_dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, num_actions))
+
+    def forward(self, x: torch.Tensor, taus: torch.Tensor) -> torch.Tensor:
+        features = self.torso(x / 255.0)
+        tau_features = self.tau_embedding(cosine_embedding(taus, self.embedding_dim))
+        return self.head(features.unsqueeze(1) * tau_features)
+
+    def q_values(self, x: torch.Tensor, num_quantile_samples: int) -> torch.Tensor:
+        """Mean over K = num_quantile_samples random quantiles: (B, num_actions)."""
+        taus = torch.rand(x.shape[0], num_quantile_samples, device=x.device)
+        return self(x, taus).mean(dim=1)
+
+
+class Batch(NamedTuple):
+    obs: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    terminated: torch.Tensor
+    next_obs: torch.Tensor
+
+
+class ReplayBuffer:
+    """Uniform replay that stores every observation once, in one ring of `capacity // num_envs` slots per environment.
+
+    Slot t of environment e holds the newest frame of observation o_t, whether o_t starts a game, the action taken
+    at o_t, and the reward and `terminated` flag of the step that followed. o_{t+1} is slot t + 1 of the same ring,
+    so a transition costs one frame instead of two stacks of `stack_num` frames. A stack is rebuilt from the
+    `stack_num` slots ending at t, the way envpool builds it: at the start of a game every stack position holds the
+    game's first frame, while after a lost life (`episodic_life`) the stack runs on across the boundary.
+    `valid[e, t]` is False when the step after t was envpool's reset step, which is never a transition.
+    """
+
+    def __init__(self, capacity, num_envs, frame_shape, frame_dtype, stack_num, device, rng: np.random.Generator):
+        self.ring = capacity // num_envs
+        self.num_envs, self.stack_num, self.device, self.rng = num_envs, stack_num, device, rng
+        self.frames = np.zeros((num_envs, self.ring, *frame_shape), dtype=frame_dtype)
+        self.game_start = np.zeros((num_envs, self.ring), dtype=bool)
+        self.actions = np.zeros((num_envs, self.ring), dtype=np.int64)
+        self.rewards = np.zeros((num_envs, self.ring), dtype=np.float32)
+        self.terminated = np.zeros((num_envs, self.ring), dtype=np.float32)
+        self.valid = np.zeros((num_envs, self.ring), dtype=bool)
+        self.num_added = 0  # slots written per ring so far; slot of logical step t is t % ring
+
+    def add(self, frames, game_start, actions, rewards, terminated, valid):
+        """One step of every environment: the newest frame of o_t (num_envs, *frame_shape) and what followed it."""
+        t = self.num_added % self.ring
+        self.frames[:, t] = frames
+        self.game_start[:, t] = game_start
+        self.actions[:, t] = actions
+        self.rewards[:, t] = rewards
+        self.terminated[:, t] = terminated
+        self.valid[:, t] = valid
+        self.num_added += 1
+
+    def stacks(self, env: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Observations o_t of envs `env` at logical steps `t`, (B,) each -> (B, stack_num, *frame_shape)."""
+        window = t[:, None] - np.arange(self.stack_num - 1, -1, -1)  # t - stack_num + 1, ..., t
+        # Positions before the latest game start inside the window repeat that start's frame.
+        is_start = self.game_start[env[:, None], window % self.ring] & (window >= 0)
+        latest_start = np.where(is_start, window, -1).max(axis=1, keepdims=True)
+        window = np.maximum(window, latest_start)
+        return self.frames[env[:, None], window % self.ring]
+
+    def sample(self, batch_size: int) -> Batch:
+        # Logical steps whose whole stack is still stored and whose successor o_{t+1} is already written.
+        low = max(0, self.num_added - self.ring + self.stack_num - 1)
+        env = self.rng.integers(self.num_envs, size=batch_size)
+        t = self.rng.integers(low, self.num_added - 1, size=batch_size)
+        invalid = ~self.valid[env, t % self.ring]
+        while invalid.any():  # rejection keeps sampling uniform over real transitions, O(1) expected per item
+            env[invalid] = self.rng.integers(self.num_envs, size=invalid.sum())
+            t[invalid] = self.rng.integers(low, self.num_added - 1, size=invalid.sum())
+            invalid = ~self.valid[env, t % self.ring]
+        slot = t % self.ring
+        to_tensor = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+        return Batch(
+            obs=to_tensor(self.stacks(env, t)),
+            actions=to_tensor(self.actions[env, slot]),
+            rewards=to_tensor(self.rewards[env, slot]),
+            terminated=to_tensor(self.terminated[env, slot]),
+            next_obs=to_tensor(self.stacks(env, t + 1)),
+        )
+
+
+def quantile_huber_loss(
+    quantiles: torch.Tensor, taus: torch.Tensor, target_quantiles: torch.Tensor, kappa: float = 1.0
+) -> torch.Tensor:
+    """Quantile regression loss with a Huber core, per sample.
+
+    quantiles (B, N) online Z_i at levels taus (B, N); target_quantiles (B, N') samples T_j of the target
+    distribution. With delta_ij = T_j - Z_i, returns (B,): sum over i of the mean over j of
+    |tau_i - 1{delta_ij < 0}| * Huber_kappa(delta_ij) / kappa.
+    """
+    delta = target_quantiles.unsqueeze(1) - quantiles.unsqueeze(2)  # (B, N, N')
+    abs_delta = delta.abs()
+    huber = torch.where(abs_delta <= kappa, 0.5 * delta**2, kappa * (abs_delta - 0.5 * kappa))
+    weight = (taus.unsqueeze(2) - (delta.detach() < 0).float()).abs()
+    return (weight * huber / kappa).mean(dim=2).sum(dim=1)
+
+
+def linear_schedule(start_e: float, end_e: float, duration: int, t: int) -> float:
+    return max(end_e, start_e + (end_e - start_e) * t / duration)
+
+
+def crossed(step: int, num_envs: int, every: int) -> int:
+    """How many multiples of `every` the step counter passed while advancing by num_envs to `step`."""
+    return step // every - (step - num_envs) // every
+
+
+def evaluate(
+    model_path: str,
+    env_id: str,
+    eval_episodes: int,
+    device: torch.device,
+    epsilon: float = 0.001,
+    num_quantile_samples: int = 32,
+    quantile_embedding_dim: int = 64,
+    hidden_dim: int = 512,
+    seed: int = 0,
+    capture_video: bool = False,
+    run_name: str = "eval",
+) -> list[float]:
+    """Plays `eval_episodes` full games (no life-loss ends, raw rewards) with an epsilon-greedy saved agent."""
+    if capture_video:
+        envs = gym.vector.SyncVectorEnv([lambda: make_video_env(env_id, run_name)])
+    else:
+        envs = make_env(env_id, 1, seed, training=False)
+    model = QuantileNetwork(envs.single_action_space.n, quantile_embedding_dim, hidden_dim).to(device)
+    model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
+    model.eval()
+    obs, _ = envs.reset(seed=seed) if capture_video else envs.reset()
+    scores, score = [], 0.0
+    while len(scores) < eval_episodes:
+        if random.random() < epsilon:
+            actions = np.array([envs.single_action_space.sample()])
+        else:
+            with torch.no_grad():
+                q = model.q_values(torch.as_tensor(obs, device=device), num_quantile_samples)
+            actions = q.argmax(dim=1).cpu().numpy()
+        obs, rewards, terminated, truncated, _ = envs.step(actions)
+        score += float(rewards[0])  # the reset step between episodes has reward 0
+        if terminated[0] or truncated[0]:
+            scores.append(score)
+            score = 0.0
+    envs.close()
+    return scores
+
+
+def main(args: Args) -> list[float]:
+    validate_args(args)
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if args.track:
+        import wandb
+
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            save_code=True,
+        )
+    writer = SummaryWriter(f"runs/{run_name}")
+    writer.add_text(
+        "hyperparameters",
+        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
+    )
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    envs = make_env(args.env_id, args.num_envs, args.seed)
+    num_actions = envs.single_action_space.n
+    frame_shape = envs.single_observation_space.shape[1:]
+
+    def make_network():
+        return QuantileNetwork(num_actions, args.quantile_embedding_dim, args.hidden_dim)
+
+    q_network = make_network().to(device)
+    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    target_network = make_network().to(device)
+    target_network.load_state_dict(q_network.state_dict())
+    rb = ReplayBuffer(
+        args.buffer_size, args.num_envs, frame_shape, np.uint8, STACK_NUM, device, np.random.default_rng(args.seed)
+    )
+    N, N_prime, K = args.num_tau_samples, args.num_tau_prime_samples, args.num_quantile_samples
+
+    obs, _ = envs.reset()  # envpool is seeded at construction
+    obs_starts_game = np.ones(args.num_envs, dtype=bool)  # o_t is the first observation of a game
+    obs_is_last = np.zeros(args.num_envs, dtype=bool)  # the step that returned o_t ended an episode
+    obs_ends_game = np.zeros(args.num_envs, dtype=bool)  # ... and the game with it (no further life)
+    episode_return = np.zeros(args.num_envs)
+    episode_length = np.zeros(args.num_envs, dtype=np.int64)
+    scores: list[float] = []
+    start_time = last_print = time.time()
+    global_step = num_updates = 0
+    while global_step < args.total_timesteps:
+        global_step += args.num_envs
+        epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_steps, global_step)
+        if global_step <= args.learning_starts:
+            actions = np.random.randint(num_actions, size=args.num_envs)
+        else:
+            with torch.no_grad():
+                q = q_network.q_values(torch.as_tensor(obs, device=device), K)
+            actions = q.argmax(dim=1).cpu().numpy()
+            explore = np.random.rand(args.num_envs) < epsilon
+            actions[explore] = np.random.randint(num_actions, size=explore.sum())
+        next_obs, rewards, terminated, truncated, infos = envs.step(actions)
+
+        # NEXT_STEP autoreset: after a last step, envpool's next step is a reset step, never a transition.
+        is_reset_step = obs_is_last
+        rb.add(obs[:, -1], obs_starts_game, actions, rewards, terminated, valid=~is_reset_step)
+
+        # True game scores (raw rewards over all lives); time-limit truncations are logged too.
+        live = ~is_reset_step
+        episode_return += infos["reward"] * live
+        episode_length += live
+        game_over = infos["terminated"].astype(bool) | truncated
+        for i in np.flatnonzero(game_over):
+            scores.append(float(episode_return[i]))
+            writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
+            writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
+        episode_return[game_over] = 0.0
+        episode_length[game_over] = 0
+        obs_starts_game = obs_ends_game
+        obs_is_last, obs_ends_game = terminated | truncated, game_over
+        obs = next_obs
+
+        if global_step > args.learning_starts:
+            if args.anneal_lr:
+                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
+            for _ in range(crossed(global_step, args.num_envs, args.train_frequency)):
+                data = rb.sample(args.batch_size)
+                with torch.no_grad():
+                    # One target pass: K levels pick the greedy next action, N' levels give its return quantiles.
+                    next_z = target_network(data.next_obs, torch.rand(args.batch_size, K + N_prime, device=device))
+                    next_actions = next_z[:, :K].mean(dim=1).argmax(dim=1)
+                    next_quantiles = next_z[:, K:, :].gather(2, next_actions.view(-1, 1, 1).expand(-1, N_prime, 1))
+                    target_quantiles = data.rewards.unsqueeze(1) + args.gamma * (
+                        1.0 - data.terminated.unsqueeze(1)
+                    ) * next_quantiles.squeeze(2)
+                taus = torch.rand(args.batch_size, N, device=device)
+                z = q_network(data.obs, taus)
+                quantiles = z.gather(2, data.actions.view(-1, 1, 1).expand(-1, N, 1)).squeeze(2)
+                loss = quantile_huber_loss(quantiles, taus, target_quantiles, args.kappa).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                num_updates += 1
+                if num_updates % 100 == 0:
+                    writer.add_scalar("losses/quantile_loss", loss.item(), global_step)
+                    writer.add_scalar("losses/q_values", quantiles.mean().item(), global_step)
+                    writer.add_scalar("charts/epsilon", epsilon, global_step)
+                    writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+                    writer.add_scalar("charts/SPS", int(global_step / (time.time() - start_time)), global_step)
+            if crossed(global_step, args.num_envs, args.target_network_frequency):
+                target_network.load_state_dict(q_network.state_dict())
+
+        if time.time() - last_print > 10:
+            last_print = time.time()
+            sps = int(global_step / (last_print - start_time))
+            mean = np.mean(scores[-100:]) if scores else float("nan")
+            eta = time.strftime("%H:%M:%S", time.gmtime((args.total_timesteps - global_step) / max(sps, 1)))
+            print(f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {mean:8.2f} | ETA {eta}")
+
+    envs.close()
+    if args.save_model:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        torch.save(q_network.state_dict(), model_path)
+        print(f"model saved to {model_path}")
+        eval_scores = evaluate(
+            model_path,
+            args.env_id,
+            args.eval_episodes,
+            device,
+            epsilon=args.eval_epsilon,
+            num_quantile_samples=K,
+            quantile_embedding_dim=args.quantile_embedding_dim,
+            hidden_dim=args.hidden_dim,
+            seed=args.seed + 1,
+            capture_video=args.capture_video,
+            run_name=run_name,
+        )
+        for idx, score in enumerate(eval_scores):
+            writer.add_scalar("eval/episodic_return", score, idx)
+    writer.close()
+    return scores
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))

@@ -1,0 +1,259 @@
+"""Tests of cleanrl/iqn.py and cleanrl/iqn_atari.py: loss, embedding, frame-once replay, smoke runs, learning."""
+
+import math
+import os
+
+import envpool
+import numpy as np
+import pytest
+import torch
+
+from cleanrl import iqn, iqn_atari
+
+SCRIPTS = [iqn, iqn_atari]
+
+
+def loop_quantile_huber_loss(quantiles, taus, target_quantiles, kappa):
+    """The issue's definition, written with plain Python loops over samples, online and target quantiles."""
+    out = []
+    for b in range(len(quantiles)):
+        total = 0.0
+        for i in range(len(quantiles[b])):
+            acc = 0.0
+            for j in range(len(target_quantiles[b])):
+                delta = target_quantiles[b][j] - quantiles[b][i]
+                if abs(delta) <= kappa:
+                    huber = 0.5 * delta * delta
+                else:
+                    huber = kappa * (abs(delta) - 0.5 * kappa)
+                weight = abs(taus[b][i] - (1.0 if delta < 0 else 0.0))
+                acc += weight * huber / kappa
+            total += acc / len(target_quantiles[b])
+        out.append(total)
+    return out
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+@pytest.mark.parametrize("kappa", [1.0, 0.3, 2.5])
+def test_quantile_huber_loss_matches_loops(module, kappa):
+    gen = torch.Generator().manual_seed(0)
+    quantiles = torch.randn(4, 5, generator=gen, dtype=torch.float64) * 3  # both Huber branches are hit
+    taus = torch.rand(4, 5, generator=gen, dtype=torch.float64)
+    target_quantiles = torch.randn(4, 7, generator=gen, dtype=torch.float64) * 3
+    got = module.quantile_huber_loss(quantiles, taus, target_quantiles, kappa)
+    assert got.shape == (4,)
+    expected = loop_quantile_huber_loss(quantiles.tolist(), taus.tolist(), target_quantiles.tolist(), kappa)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+def test_quantile_huber_loss_hand_worked(module):
+    loss = module.quantile_huber_loss
+    z, tau = torch.tensor([[0.0]]), torch.tensor([[0.9]])
+    # Target above the quantile (delta = +0.5 > 0): weight tau = 0.9, Huber 0.5 * 0.25.
+    assert loss(z, tau, torch.tensor([[0.5]])).item() == pytest.approx(0.9 * 0.125)
+    # Target below (delta = -0.5 < 0): weight 1 - tau = 0.1, so an upper quantile is pushed up 9x harder.
+    assert loss(z, tau, torch.tensor([[-0.5]])).item() == pytest.approx(0.1 * 0.125)
+    # Outside kappa the core is linear: kappa = 2, delta = 3 -> 2 * (3 - 1) = 4, divided by kappa -> 2.
+    assert loss(z, tau, torch.tensor([[3.0]]), kappa=2.0).item() == pytest.approx(0.9 * 2.0)
+    # Inside kappa: kappa = 2, delta = -1 -> 0.5 / 2 = 0.25, weight 0.1.
+    assert loss(z, tau, torch.tensor([[-1.0]]), kappa=2.0).item() == pytest.approx(0.1 * 0.25)
+    # Sum over the N online quantiles, mean over the N' targets.
+    two = loss(torch.tensor([[0.0, 0.0]]), torch.tensor([[0.9, 0.2]]), torch.tensor([[0.5, -0.5]]))
+    assert two.item() == pytest.approx((0.9 * 0.125 + 0.1 * 0.125) / 2 + (0.2 * 0.125 + 0.8 * 0.125) / 2)
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+def test_quantile_huber_loss_minimized_at_the_quantile(module):
+    # The loss over samples of a distribution is minimized by its tau-quantile: gradient descent must find it.
+    samples = torch.linspace(0.0, 10.0, 101).unsqueeze(0)
+    z = torch.zeros(1, 1, requires_grad=True)
+    opt = torch.optim.SGD([z], lr=0.5)
+    for _ in range(2000):
+        opt.zero_grad()
+        module.quantile_huber_loss(z, torch.tensor([[0.8]]), samples, kappa=0.01).sum().backward()
+        opt.step()
+    assert z.item() == pytest.approx(8.0, abs=0.1)
+
+
+@pytest.mark.parametrize("module", SCRIPTS)
+def test_cosine_embedding(module):
+    taus = torch.tensor([[0.0, 0.5, 0.25]])
+    emb = module.cosine_embedding(taus, 64)
+    assert emb.shape == (1, 3, 64)
+    i = np.arange(1, 65)  # i = 1..64
+    np.testing.assert_allclose(emb[0, 0].numpy(), np.ones(64), atol=1e-6)
+    np.testing.assert_allclose(emb[0, 1].numpy(), np.cos(np.pi * i * 0.5), atol=1e-5)
+    assert emb[0, 1, 0].item() == pytest.approx(0.0, abs=1e-6) and emb[0, 1, 1].item() == pytest.approx(-1.0)
+    assert emb[0, 2, 3].item() == pytest.approx(math.cos(math.pi * 4 * 0.25))
+
+
+def test_quantile_network_shapes_and_modulation():
+    torch.manual_seed(0)
+    net = iqn.QuantileNetwork(4, 3, embedding_dim=64, hidden_dim=16)
+    x = torch.randn(5, 4)
+    taus = torch.rand(5, 7)
+    z = net(x, taus)
+    assert z.shape == (5, 7, 3)
+    # The same state at different quantile levels gets different outputs; the same level gets the same output.
+    same = net(x, taus[:, :1].expand(-1, 7))
+    assert torch.allclose(same, same[:, :1].expand(-1, 7, -1))
+    assert not torch.allclose(z[:, 0], z[:, 1])
+    assert net.q_values(x, 32).shape == (5, 3)
+    atari_net = iqn_atari.QuantileNetwork(4, embedding_dim=64, hidden_dim=32)
+    assert atari_net(torch.zeros(2, 4, 84, 84, dtype=torch.uint8), torch.rand(2, 3)).shape == (2, 3, 4)
+    assert atari_net.tau_embedding[0].out_features == 3136  # phi(tau) matches the CNN features psi(x)
+
+
+def run_replay_against_naive(num_envs, ring, steps, max_episode_steps, seed):
+    """Drives real envpool Breakout with the training loop's bookkeeping and checks every stored stack.
+
+    The naive buffer keeps the full stacks envpool returned, keyed by (env, logical step); the frame-once buffer
+    must rebuild exactly the same obs and next_obs for every transition it can sample, at every point in time.
+    """
+    envs = envpool.make(
+        "Breakout-v5", env_type="gymnasium", num_envs=num_envs, seed=seed, stack_num=4, episodic_life=True,
+        reward_clip=True, max_episode_steps=max_episode_steps, noop_max=30, repeat_action_probability=0.0,
+    )  # fmt: skip
+    rb = iqn_atari.ReplayBuffer(num_envs * ring, num_envs, (84, 84), np.uint8, 4, "cpu", np.random.default_rng(0))
+    rng = np.random.default_rng(seed)
+    naive = {}  # (env, t) -> (obs stack, action, reward, terminated, is a real transition)
+    obs, _ = envs.reset()
+    obs_starts_game = np.ones(num_envs, dtype=bool)
+    obs_is_last = np.zeros(num_envs, dtype=bool)
+    obs_ends_game = np.zeros(num_envs, dtype=bool)
+    events = {"life_loss": 0, "game_over": 0, "truncation": 0, "checked": 0}
+    for t in range(steps):
+        actions = rng.integers(envs.single_action_space.n, size=num_envs)
+        next_obs, rewards, terminated, truncated, infos = envs.step(actions)
+        is_reset_step = obs_is_last
+        rb.add(obs[:, -1], obs_starts_game, actions, rewards, terminated, valid=~is_reset_step)
+        for e in range(num_envs):
+            naive[e, t] = (obs[e].copy(), actions[e], rewards[e], terminated[e], not is_reset_step[e])
+        game_over = infos["terminated"].astype(bool) | truncated
+        events["life_loss"] += int((terminated & ~game_over).sum())
+        events["game_over"] += int(infos["terminated"].sum())
+        events["truncation"] += int(truncated.sum())
+        obs_starts_game = obs_ends_game
+        obs_is_last, obs_ends_game = terminated | truncated, game_over
+        obs = next_obs
+        if t % 7 == 0 or t == steps - 1:  # check at many phases of the ring
+            low = max(0, rb.num_added - ring + 3)
+            ts = np.arange(low, rb.num_added - 1)
+            for e in range(num_envs):
+                env_index = np.full(len(ts), e)
+                stacks, next_stacks = rb.stacks(env_index, ts), rb.stacks(env_index, ts + 1)
+                for k, s in enumerate(ts):
+                    o, a, r, d, real = naive[e, s]
+                    assert np.array_equal(stacks[k], o), (e, s)
+                    assert np.array_equal(next_stacks[k], naive[e, s + 1][0]), (e, s)
+                    slot = s % ring
+                    assert rb.actions[e, slot] == a and rb.rewards[e, slot] == r and rb.terminated[e, slot] == d
+                    assert rb.valid[e, slot] == real
+                    events["checked"] += 1
+    envs.close()
+    return rb, naive, events
+
+
+def test_frame_once_replay_matches_naive_stacks():
+    rb, naive, events = run_replay_against_naive(num_envs=3, ring=40, steps=700, max_episode_steps=120, seed=7)
+    # The run must have crossed every kind of boundary and wrapped the ring many times.
+    assert events["life_loss"] > 5 and events["game_over"] > 0 and events["truncation"] > 0
+    assert rb.num_added == 700 and events["checked"] > 10_000
+    # Sampled batches: only real transitions still in the ring, each identical to one of the naive buffer's.
+    in_ring = range(rb.num_added - rb.ring + 3, rb.num_added - 1)
+    real = {(naive[e, s][0].tobytes(), naive[e, s + 1][0].tobytes()) for (e, s) in naive if s in in_ring and naive[e, s][4]}
+    for _ in range(20):
+        batch = rb.sample(32)
+        assert batch.obs.shape == (32, 4, 84, 84) and batch.obs.dtype == torch.uint8
+        for k in range(32):
+            assert (batch.obs[k].numpy().tobytes(), batch.next_obs[k].numpy().tobytes()) in real
+
+
+def test_replay_stacks_before_the_ring_fills():
+    # Right after the first reset, stacks reach back before step 0: envpool repeats the first frame there.
+    rb, naive, _ = run_replay_against_naive(num_envs=2, ring=1000, steps=30, max_episode_steps=27000, seed=1)
+    first = rb.stacks(np.array([0, 1]), np.array([0, 0]))
+    assert all((first[e] == first[e, -1]).all() for e in range(2))
+
+
+def test_vector_replay_sample_excludes_reset_steps():
+    rb = iqn.ReplayBuffer(20, 1, (2,), np.float32, 1, "cpu", np.random.default_rng(0))
+    for t in range(30):  # an episode ends at every 5th step; the step after it is a reset step
+        rb.add(np.array([[t, -t]], dtype=np.float32), np.array([t % 6 == 0]), np.array([t % 2]), np.array([1.0]),
+               np.array([float(t % 6 == 4)]), valid=np.array([t % 6 != 5]))  # fmt: skip
+    seen = set()
+    for _ in range(50):
+        batch = rb.sample(16)
+        obs, next_obs = batch.obs[:, 0, 0].numpy(), batch.next_obs[:, 0, 0].numpy()
+        assert np.array_equal(next_obs, obs + 1)
+        assert not np.any(obs % 6 == 5)  # (s_last, a, 0, s_first) is never sampled
+        assert np.all(obs >= 30 - 20) and np.all(obs <= 28)  # overwritten and unfinished steps are not sampled
+        np.testing.assert_array_equal(batch.terminated.numpy(), (obs % 6 == 4).astype(np.float32))
+        seen.update(obs.tolist())
+    assert seen == {t for t in range(10, 29) if t % 6 != 5}
+
+
+def test_replay_resident_memory_is_one_frame_per_transition():
+    rb = iqn_atari.ReplayBuffer(10_000, 4, (84, 84), np.uint8, 4, "cpu", np.random.default_rng(0))
+    total = sum(a.nbytes for a in (rb.frames, rb.game_start, rb.actions, rb.rewards, rb.terminated, rb.valid))
+    assert total == 10_000 * (84 * 84 + 1 + 8 + 4 + 4 + 1)
+
+
+@pytest.mark.parametrize(
+    "module, overrides, flag",
+    [
+        (iqn, {"env_id": "NoSuchEnv-v0"}, "--env-id"),
+        (iqn, {"env_id": "Pendulum-v1"}, "--env-id"),
+        (iqn, {"env_id": "Breakout-v5"}, "--env-id"),
+        (iqn_atari, {"env_id": "CartPole-v1"}, "--env-id"),
+        (iqn, {"kappa": 0.0}, "--kappa"),
+        (iqn, {"gamma": 1.5}, "--gamma"),
+        (iqn, {"batch_size": 64, "learning_starts": 10}, "--learning-starts"),
+        (iqn_atari, {"buffer_size": 8, "learning_starts": 32}, "--buffer-size"),
+        (iqn_atari, {"num_tau_samples": 0}, "--num-tau-samples"),
+    ],
+)
+def test_bad_flags_exit_with_a_clear_message(module, overrides, flag, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=flag):
+        module.main(module.Args(**overrides))
+    assert not (tmp_path / "runs").exists()  # nothing was started
+
+
+def test_smoke_iqn(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = iqn.Args(total_timesteps=800, num_envs=2, learning_starts=200, buffer_size=400, batch_size=16,
+                    target_network_frequency=100, exploration_steps=400, save_model=True, eval_episodes=2)  # fmt: skip
+    scores = iqn.main(args)
+    assert isinstance(scores, list) and len(scores) > 10
+    assert all(np.isfinite(scores)) and all(1 <= s <= 500 for s in scores)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())
+    assert (run_dir / "iqn.cleanrl_model").exists()
+    state = torch.load(run_dir / "iqn.cleanrl_model", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in state.values())
+
+
+def test_smoke_iqn_atari(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = iqn_atari.Args(total_timesteps=240, num_envs=2, learning_starts=160, buffer_size=400, batch_size=4,
+                          num_tau_samples=8, num_tau_prime_samples=8, num_quantile_samples=8, hidden_dim=32,
+                          target_network_frequency=40, exploration_steps=100, save_model=True, eval_episodes=0)  # fmt: skip
+    scores = iqn_atari.main(args)
+    assert isinstance(scores, list)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    state = torch.load(run_dir / "iqn_atari.cleanrl_model", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in state.values())
+
+
+# Environment steps of the learning check: 30k steps at the default 4 envs, one update per 4 steps.
+LEARNING_STEPS = 30_000
+
+
+@pytest.mark.learning
+def test_iqn_learns_cartpole(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    scores = iqn.main(iqn.Args(total_timesteps=LEARNING_STEPS, seed=1))
+    assert np.mean(scores[-20:]) >= 120, scores[-20:]  # random play: about 22
+
