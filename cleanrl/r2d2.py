@@ -177,8 +177,8 @@ class SumTree:
 
 class SequenceReplay:
     """Every observation is stored once, in one ring-buffered step stream per environment. A sequence is an
-    index window into its stream: start slot, valid positions [lo, hi), the actor's LSTM state at the start and a
-    priority. A window spans `seq_len + n_step` slots (the last n only feed the targets) and never crosses an
+    index window into its stream: start slot, valid positions [lo, hi) (lo < 0: the episode began before the
+    window), the actor's LSTM state at the start and a priority. A window spans `seq_len + n_step` slots (the last n only feed the targets) and never crosses an
     episode: slots outside [lo, hi) are padding. The first windows of an episode start before it (lo > 0), so its
     first steps are trained too; their state is zero."""
 
@@ -187,6 +187,7 @@ class SequenceReplay:
         self.num_envs, self.steps = num_envs, capacity // num_envs
         self.seq_len, self.burn_in, self.stride, self.window = seq_len, burn_in, seq_len - overlap, seq_len + n_step
         self.priority_exponent = priority_exponent
+        self.history = 1  # slots read before a window: the previous action and reward
         self.obs = np.zeros((num_envs, self.steps, *obs_shape), dtype=obs_dtype)
         self.actions = np.zeros((num_envs, self.steps), dtype=np.uint8)
         self.rewards = np.zeros((num_envs, self.steps), dtype=np.float32)
@@ -225,7 +226,7 @@ class SequenceReplay:
         self.obs[:, slot], self.actions[:, slot], self.rewards[:, slot] = obs, actions, rewards
         self.terminated[:, slot], self.truncated[:, slot] = terminated, truncated
         if t % self.stride == 0:  # forget windows whose slots the ring is about to overwrite
-            stale = self.seq_start <= t - self.steps + 1 + self.stride
+            stale = self.seq_start - self.history <= t - self.steps + self.stride
             stale_ids = np.flatnonzero(stale & (self.tree.get(np.arange(self.max_seqs)) > 0))
             self.tree.update(stale_ids, np.zeros(len(stale_ids))) if len(stale_ids) else None
         # close windows that are full or whose episode ended with this step's final observation
@@ -244,8 +245,8 @@ class SequenceReplay:
         since_start = t - self.episode_start + self.burn_in
         regular = np.flatnonzero(~is_first & ~is_reset & (since_start % self.stride == 0))
         if len(regular):
-            # lo = -1: the slot before the window (previous action and reward) is in the same episode
-            self._new_windows(regular, np.full(len(regular), t), np.full(len(regular), -1), h[regular], c[regular])
+            lo = self.episode_start[regular] - t
+            self._new_windows(regular, np.full(len(regular), t), lo, h[regular], c[regular])
         for offset in range(0, self.burn_in + 1, self.stride):  # windows that reach back before the episode
             if len(first):
                 zeros = np.zeros((len(first), self.seq_h.shape[1]), dtype=np.float32)
@@ -254,29 +255,36 @@ class SequenceReplay:
         self.t += 1
 
     def sample(self, batch_size: int, rng: np.random.Generator, importance_exponent: float, device):
-        """Returns time-major tensors over the `seq_len + n_step` positions of `batch_size` sequences."""
+        """Prioritized draw of `batch_size` sequences with their normalized importance weights."""
         ids = self.tree.sample(batch_size, rng)
-        leaves = self.tree.get(np.arange(self.max_seqs))
         probs = self.tree.get(ids) / self.tree.total()
-        weights = (np.count_nonzero(leaves) * probs) ** -importance_exponent
-        pos = np.arange(-1, self.window)[:, None]  # position -1 holds the previous action and reward
+        weights = (np.count_nonzero(self.tree.get(np.arange(self.max_seqs))) * probs) ** -importance_exponent
+        batch = self.gather(ids, device)
+        batch["weights"] = torch.as_tensor((weights / weights.max()).astype(np.float32), device=device)
+        return ids, batch
+
+    def gather(self, ids: np.ndarray, device) -> dict:
+        """Time-major tensors over the `seq_len + n_step` positions of the sequences `ids`."""
+        pos = np.arange(-self.history, self.window)[:, None]
         env = self.seq_env[ids][None]
         slots = (self.seq_start[ids][None] + pos) % self.steps
-        valid = (pos >= self.seq_lo[ids][None]) & (pos < self.seq_hi[ids][None])
-        obs = self.obs[env, slots[1:]]
-        obs = obs * valid[1:].reshape(*valid[1:].shape, *([1] * (obs.ndim - 2))).astype(obs.dtype)
+        valid = (pos >= self.seq_lo[ids][None]) & (pos < self.seq_hi[ids][None])  # padding: another episode
+        frames = self.obs[env, slots]
+        frames = frames * valid.reshape(*valid.shape, *([1] * (frames.ndim - 2))).astype(frames.dtype)
+        obs = frames[self.history :]
         actions = np.where(valid, self.actions[env, slots].astype(np.int64), -1)
         rewards = np.where(valid, self.rewards[env, slots], 0.0).astype(np.float32)
         done = valid & (self.terminated[env, slots] | self.truncated[env, slots])
+        now, before = slice(self.history, None), slice(self.history - 1, -1)
         batch = dict(
-            obs=obs, actions=actions[1:], rewards=rewards[1:], prev_action=actions[:-1], prev_reward=rewards[:-1],
-            terminated=valid[1:] & self.terminated[env, slots[1:]], done=done[1:], valid=valid[1:],
-            is_reset=done[:-1], is_first=valid[1:] & ~valid[:-1],
-            h=self.seq_h[ids], c=self.seq_c[ids], weights=(weights / weights.max()).astype(np.float32),
+            obs=obs, actions=actions[now], rewards=rewards[now], prev_action=actions[before],
+            prev_reward=rewards[before], terminated=valid[now] & self.terminated[env, slots[now]], done=done[now],
+            valid=valid[now], is_reset=done[before], is_first=valid[now] & ~valid[before],
+            h=self.seq_h[ids], c=self.seq_c[ids],
         )
         batch = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
         batch["prev_reward"] = batch["prev_reward"].clamp(-1, 1)  # as the actor sees it
-        return ids, batch
+        return batch
 
     def update_priorities(self, ids: np.ndarray, priorities: np.ndarray) -> None:
         self.max_priority = max(self.max_priority, float(priorities.max()))
