@@ -122,7 +122,7 @@ class QNetwork(nn.Module):
             nn.Conv2d(frame_stack, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
             nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(), nn.Linear(3136, hidden_size), nn.ReLU(),
         )
-        self.lstm = nn.LSTMCell(hidden_size + num_actions + 1, hidden_size)
+        self.lstm = nn.LSTM(hidden_size + num_actions + 1, hidden_size)
         self.value = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
         self.advantage = nn.Sequential(
             nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions)
@@ -135,15 +135,21 @@ class QNetwork(nn.Module):
         features = self.torso(obs.flatten(0, 1).float() / 255.0).view(steps, batch, -1)
         one_hot = F.one_hot(prev_action.clamp(min=0), self.num_actions) * (prev_action >= 0).unsqueeze(-1)
         x = torch.cat([features, one_hot.float(), prev_reward.unsqueeze(-1)], dim=-1)
-        keep = (~is_first).float().unsqueeze(-1)  # the state restarts from zero at an episode's first observation
-        h, c = state
-        outputs = []
-        for t in range(steps):
-            h, c = self.lstm(x[t], (h * keep[t], c * keep[t]))
-            outputs.append(h)
-        out = torch.stack(outputs)
+        # the state restarts from zero at an episode's first observation; episodes only begin in a sequence's
+        # first steps, so the LSTM runs fused over the few segments between those positions
+        h, c = state[0].unsqueeze(0), state[1].unsqueeze(0)
+        outputs, start = [], 0
+        for t in [*is_first.any(1).nonzero().flatten().tolist(), steps]:
+            if t > start:
+                out, (h, c) = self.lstm(x[start:t], (h, c))
+                outputs.append(out)
+            if t < steps:
+                keep = (~is_first[t]).float().unsqueeze(-1)
+                h, c = h * keep, c * keep
+            start = t
+        out = torch.cat(outputs)
         advantage = self.advantage(out)
-        return self.value(out) + advantage - advantage.mean(-1, keepdim=True), (h, c)
+        return self.value(out) + advantage - advantage.mean(-1, keepdim=True), (h[0], c[0])
 
 
 class SumTree:
@@ -156,7 +162,7 @@ class SumTree:
     def update(self, idx: np.ndarray, values: np.ndarray) -> None:
         idx = np.asarray(idx, dtype=np.int64) + self.leaves
         self.nodes[idx] = values
-        while idx[0] > 1:  # all leaves sit at the same depth
+        while len(idx) and idx[0] > 1:  # all leaves sit at the same depth
             idx = np.unique(idx // 2)
             self.nodes[idx] = self.nodes[2 * idx] + self.nodes[2 * idx + 1]
 
@@ -184,10 +190,11 @@ class SumTree:
 
 class SequenceReplay:
     """Every observation is stored once, in one ring-buffered step stream per environment. A sequence is an
-    index window into its stream: start slot, valid positions [lo, hi) (lo < 0: the episode began before the
-    window), the actor's LSTM state at the start and a priority. A window spans `seq_len + n_step` slots (the last n only feed the targets) and never crosses an
-    episode: slots outside [lo, hi) are padding. The first windows of an episode start before it (lo > 0), so its
-    first steps are trained too; their state is zero."""
+    index window into its stream: start slot, the positions [lo, hi) that belong to its episode (lo < 0: the
+    episode began before the window), the actor's LSTM state before the first slot and a priority. A window
+    spans `seq_len + n_step` slots (the last n only feed the targets) and never crosses an episode: positions
+    outside [lo, hi) are padding. The first windows of an episode reach back before it (lo >= 0, zero state), so
+    its first steps are trained too, not only used as burn-in."""
 
     def __init__(self, num_envs, capacity, obs_shape, obs_dtype, hidden_size, seq_len, burn_in, overlap, n_step,
                  priority_exponent, frame_stack):
@@ -236,7 +243,7 @@ class SequenceReplay:
         if t % self.stride == 0:  # forget windows whose slots the ring is about to overwrite
             stale = self.seq_start - self.history <= t - self.steps + self.stride
             stale_ids = np.flatnonzero(stale & (self.tree.get(np.arange(self.max_seqs)) > 0))
-            self.tree.update(stale_ids, np.zeros(len(stale_ids))) if len(stale_ids) else None
+            self.tree.update(stale_ids, np.zeros(len(stale_ids)))
         # close windows that are full or whose episode ended with this step's final observation
         env, start = self.seq_env[self.open], self.seq_start[self.open]
         ended, full = is_reset[env], t - start + 1 >= self.window
@@ -245,7 +252,7 @@ class SequenceReplay:
         trained = np.where(ended, hi - 2, self.seq_len - 1) >= self.burn_in  # at least one trained step
         keep = self.open[close & trained]
         self.seq_hi[keep] = hi[close & trained]
-        self.tree.update(keep, np.full(len(keep), self.max_priority**self.priority_exponent)) if len(keep) else None
+        self.tree.update(keep, np.full(len(keep), self.max_priority**self.priority_exponent))
         self.open = self.open[~close]
         # open new windows; a window's trained part starts every `stride` steps of an episode
         first = np.flatnonzero(is_first)
@@ -255,11 +262,10 @@ class SequenceReplay:
         if len(regular):
             lo = self.episode_start[regular] - t
             self._new_windows(regular, np.full(len(regular), t), lo, h[regular], c[regular])
-        for offset in range(0, self.burn_in + 1, self.stride):  # windows that reach back before the episode
-            if len(first):
-                zeros = np.zeros((len(first), self.seq_h.shape[1]), dtype=np.float32)
-                lo = np.full(len(first), self.burn_in - offset)
-                self._new_windows(first, t - lo, lo, zeros, zeros)
+        zeros = np.zeros((len(first), self.seq_h.shape[1]), dtype=np.float32)
+        for offset in range(0, self.burn_in + 1, self.stride) if len(first) else []:  # reach back before it
+            lo = np.full(len(first), self.burn_in - offset)
+            self._new_windows(first, t - lo, lo, zeros, zeros)
         self.t += 1
 
     def sample(self, batch_size: int, rng: np.random.Generator, importance_exponent: float, device):
@@ -363,7 +369,7 @@ def evaluate(model_path, env_id, eval_episodes, device, epsilon=0.001, frame_sta
     """Runs a saved agent on fresh environments; returns the first `eval_episodes` game scores."""
     envs = make_env(env_id, eval_episodes, seed)
     obs, _ = envs.reset()
-    num_actions = envs.action_space.n
+    num_actions = int(envs.action_space.n)
     model = QNetwork(frame_stack, num_actions, hidden_size).to(device)
     model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
     if capture_video:
@@ -466,7 +472,7 @@ def main(args: Args) -> list[float]:
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     envs = make_env(args.env_id, args.num_envs, args.seed)
-    num_envs, num_actions = args.num_envs, envs.action_space.n
+    num_envs, num_actions = args.num_envs, int(envs.action_space.n)
     obs, _ = envs.reset()
     obs = obs[:, -1]  # the newest frame (N, 84, 84)
     q_net = QNetwork(args.frame_stack, num_actions, args.hidden_size).to(device)
