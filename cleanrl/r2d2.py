@@ -51,7 +51,7 @@ class Args:
 
     env_id: str = "CartPole-v1"
     """the envpool id of the environment"""
-    total_timesteps: int = 150_000
+    total_timesteps: int = 300_000
     """total environment steps, summed over all environments"""
     mask_velocity: bool = False
     """hide CartPole's velocities (keep cart position and pole angle): a memory task"""
@@ -81,7 +81,7 @@ class Args:
     """global gradient-norm clip"""
     target_update_interval: int = 100
     """learner updates between copies of the online network into the target network"""
-    replay_ratio: float = 2.0
+    replay_ratio: float = 8.0
     """average number of times each collected step is replayed as a trained (non burn-in) step"""
     priority_exponent: float = 0.9
     """priority exponent alpha of prioritized replay"""
@@ -89,10 +89,14 @@ class Args:
     """importance-sampling exponent beta (constant)"""
     priority_eta: float = 0.9
     """mix of max and mean absolute TD error in a sequence's priority"""
-    base_epsilon: float = 0.1
+    base_epsilon: float = 0.4
     """base of the per-actor epsilons eps_i = base^(1 + alpha i / (N - 1))"""
     epsilon_alpha: float = 7.0
     """exponent range alpha of the per-actor epsilons"""
+    final_base_epsilon: float = 0.05
+    """base epsilon at the end of its linear decay"""
+    epsilon_decay_fraction: float = 0.5
+    """fraction of training over which the base epsilon decays linearly to `final_base_epsilon`"""
     hidden_size: int = 128
     """units of the LSTM and of each dueling head"""
     log_interval: int = 100
@@ -428,6 +432,8 @@ def validate_args(args: Args) -> None:
         ("replay-ratio", args.replay_ratio, args.replay_ratio > 0, "> 0"),
         ("target-update-interval", args.target_update_interval, args.target_update_interval >= 1, "at least 1"),
         ("base-epsilon", args.base_epsilon, 0 <= args.base_epsilon <= 1, "in [0, 1]"),
+        ("final-base-epsilon", args.final_base_epsilon, 0 <= args.final_base_epsilon <= 1, "in [0, 1]"),
+        ("epsilon-decay-fraction", args.epsilon_decay_fraction, 0 <= args.epsilon_decay_fraction <= 1, "in [0, 1]"),
         ("priority-eta", args.priority_eta, 0 <= args.priority_eta <= 1, "in [0, 1]"),
         ("total-timesteps", args.total_timesteps, args.total_timesteps >= args.num_envs, "at least --num-envs"),
     ]
@@ -445,7 +451,8 @@ def main(args: Args) -> list[float]:
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                    config=vars(args), name=run_name, save_code=True)
     writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    rows = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -466,7 +473,6 @@ def main(args: Args) -> list[float]:
                         args.burn_in, args.overlap, args.n_step, args.priority_exponent)
     print(f"replay: {rb.bytes_per_observation():.1f} bytes per stored observation")
     writer.add_text("replay", f"{rb.bytes_per_observation():.1f} bytes per stored observation")
-    epsilons = actor_epsilons(num_envs, args.base_epsilon, args.epsilon_alpha)
     updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * (args.seq_len - args.burn_in))
 
     h = torch.zeros(num_envs, args.hidden_size, device=device)
@@ -481,6 +487,9 @@ def main(args: Args) -> list[float]:
         keep = torch.as_tensor(~is_first, device=device).float().unsqueeze(-1)
         h, c = h * keep, c * keep  # episode start: zero state, no previous action or reward
         prev_action, prev_reward = np.where(is_first, -1, prev_action), np.where(is_first, 0, prev_reward)
+        decay = min(global_step / max(args.epsilon_decay_fraction * args.total_timesteps, 1), 1.0)
+        base_epsilon = args.base_epsilon + decay * (args.final_base_epsilon - args.base_epsilon)
+        epsilons = actor_epsilons(num_envs, base_epsilon, args.epsilon_alpha)
         with torch.no_grad():
             q, (next_h, next_c) = q_net(*to_step_inputs(obs, prev_action, prev_reward, device, is_first), (h, c))
         actions = np.where(rng.random(num_envs) < epsilons, rng.integers(num_actions, size=num_envs),

@@ -93,6 +93,10 @@ class Args:
     """base of the per-actor epsilons eps_i = base^(1 + alpha i / (N - 1))"""
     epsilon_alpha: float = 7.0
     """exponent range alpha of the per-actor epsilons"""
+    final_base_epsilon: float = 0.4
+    """base epsilon at the end of its linear decay"""
+    epsilon_decay_fraction: float = 0.0
+    """fraction of training over which the base epsilon decays linearly to `final_base_epsilon`"""
     hidden_size: int = 512
     """units of the LSTM and of each dueling head"""
     log_interval: int = 100
@@ -376,7 +380,8 @@ def evaluate(model_path, env_id, eval_episodes, device, epsilon=0.001, frame_sta
         record_video(model, env_id, frame_stack, device, run_name)
     state = (torch.zeros(eval_episodes, hidden_size, device=device),) * 2
     prev_action, prev_reward = np.full(eval_episodes, -1), np.zeros(eval_episodes, dtype=np.float32)
-    stack = push_frame(np.zeros((eval_episodes, frame_stack, 84, 84), np.uint8), obs[:, -1], np.ones(eval_episodes, bool))
+    stack = np.zeros((eval_episodes, frame_stack, 84, 84), np.uint8)
+    stack = push_frame(stack, obs[:, -1], np.ones(eval_episodes, bool))
     scores, returns, finished = [], np.zeros(eval_episodes), np.zeros(eval_episodes, dtype=bool)
     while not finished.all():
         q, state = model(*to_step_inputs(stack, prev_action, prev_reward, device), state)
@@ -445,6 +450,8 @@ def validate_args(args: Args) -> None:
         ("replay-ratio", args.replay_ratio, args.replay_ratio > 0, "> 0"),
         ("target-update-interval", args.target_update_interval, args.target_update_interval >= 1, "at least 1"),
         ("base-epsilon", args.base_epsilon, 0 <= args.base_epsilon <= 1, "in [0, 1]"),
+        ("final-base-epsilon", args.final_base_epsilon, 0 <= args.final_base_epsilon <= 1, "in [0, 1]"),
+        ("epsilon-decay-fraction", args.epsilon_decay_fraction, 0 <= args.epsilon_decay_fraction <= 1, "in [0, 1]"),
         ("priority-eta", args.priority_eta, 0 <= args.priority_eta <= 1, "in [0, 1]"),
         ("total-timesteps", args.total_timesteps, args.total_timesteps >= args.num_envs, "at least --num-envs"),
     ]
@@ -462,7 +469,8 @@ def main(args: Args) -> list[float]:
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                    config=vars(args), name=run_name, save_code=True)
     writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    rows = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -483,7 +491,6 @@ def main(args: Args) -> list[float]:
                         args.burn_in, args.overlap, args.n_step, args.priority_exponent, args.frame_stack)
     print(f"replay: {rb.bytes_per_observation():.1f} bytes per stored observation")
     writer.add_text("replay", f"{rb.bytes_per_observation():.1f} bytes per stored observation")
-    epsilons = actor_epsilons(num_envs, args.base_epsilon, args.epsilon_alpha)
     updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * (args.seq_len - args.burn_in))
 
     h = torch.zeros(num_envs, args.hidden_size, device=device)
@@ -499,6 +506,9 @@ def main(args: Args) -> list[float]:
         keep = torch.as_tensor(~is_first, device=device).float().unsqueeze(-1)
         h, c = h * keep, c * keep  # episode start: zero state, no previous action or reward
         prev_action, prev_reward = np.where(is_first, -1, prev_action), np.where(is_first, 0, prev_reward)
+        decay = min(global_step / max(args.epsilon_decay_fraction * args.total_timesteps, 1), 1.0)
+        base_epsilon = args.base_epsilon + decay * (args.final_base_epsilon - args.base_epsilon)
+        epsilons = actor_epsilons(num_envs, base_epsilon, args.epsilon_alpha)
         stack = push_frame(stack, obs, is_first)
         with torch.no_grad():
             q, (next_h, next_c) = q_net(*to_step_inputs(stack, prev_action, prev_reward, device, is_first), (h, c))
