@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduces the tables of docs/rl-algorithms/r2d2.md. WORKERS=2 TRACK=0 bash benchmark/r2d2.sh runs without W&B.
-# ATARI=1 also runs the Atari rows (needs a GPU and about 8 GB of memory per run for the default replay).
+# ATARI=1 also runs Atari (not in the docs yet; needs a GPU and about 8 GB of memory per run for the replay).
 set -euo pipefail
 WORKERS=${WORKERS:-2}
 if [ "${TRACK:-1}" = 1 ]; then TRACK_FLAG="--track --wandb-project-name cleanrl-q"; else TRACK_FLAG="--no-track"; fi
