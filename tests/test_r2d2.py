@@ -270,11 +270,13 @@ def test_bad_flags_stop_with_a_clear_error(module, overrides, flag, tmp_path, mo
     assert not (tmp_path / "runs").exists()  # stopped before anything was built
 
 
+# Measured with seed 1 and these 60k steps: last-20 mean 185.7. The same run with the LSTM state zeroed before
+# every step (no recurrence) reached 100.0, and at most 110.8 for any 20 consecutive episodes.
+LEARNING_STEPS, LEARNING_THRESHOLD = 60_000, 150.0
+
+
 @pytest.mark.learning
 def test_learns_velocity_hidden_cartpole(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     scores = r2d2.main(r2d2.Args(mask_velocity=True, total_timesteps=LEARNING_STEPS))
     assert np.mean(scores[-20:]) >= LEARNING_THRESHOLD
-
-
-LEARNING_STEPS, LEARNING_THRESHOLD = 60_000, 150.0
