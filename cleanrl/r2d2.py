@@ -4,7 +4,7 @@ An LSTM Q-network learns from prioritized replay of fixed-length sequences: each
 recurrent state the actor had when it was collected, the first `burn_in` steps only warm that state up, and the
 remaining steps are trained with n-step double-Q targets under value rescaling. Many vectorized environments act
 with fixed per-actor epsilons in place of the paper's distributed actors. `--mask-velocity` hides CartPole's
-velocities, so the agent has to infer them from its memory.
+velocities, so the network has to infer them from its memory.
 
 Paper: Kapturowski et al., "Recurrent Experience Replay in Distributed Reinforcement Learning", ICLR 2019.
 Docs: docs/rl-algorithms/r2d2.md
@@ -362,7 +362,7 @@ def sequence_td_errors(q_net, target_net, batch, burn_in: int, seq_len: int, n_s
 
 def evaluate(model_path, env_id, eval_episodes, device, epsilon=0.001, mask_velocity=False, hidden_size=128,
              capture_video=False, run_name="eval", seed=1):
-    """Runs a saved agent on fresh environments; returns the first `eval_episodes` game scores."""
+    """Runs a saved model on fresh environments; returns the first `eval_episodes` game scores."""
     envs = make_env(env_id, eval_episodes, seed)
     obs, _ = envs.reset()
     num_actions = int(envs.action_space.n)

@@ -52,7 +52,7 @@ class Args:
     env_id: str = "Breakout-v5"
     """the envpool id of the environment"""
     total_timesteps: int = 10_000_000
-    """total environment steps (agent steps, 4 frames each), summed over all environments"""
+    """total environment steps (4 frames each), summed over all environments"""
     num_envs: int = 32
     """the number of vectorized environments (actors)"""
     buffer_size: int = 1_000_000
@@ -370,7 +370,7 @@ def sequence_td_errors(q_net, target_net, batch, burn_in: int, seq_len: int, n_s
 
 def evaluate(model_path, env_id, eval_episodes, device, epsilon=0.001, frame_stack=4, hidden_size=512,
              capture_video=False, run_name="eval", seed=1):
-    """Runs a saved agent on fresh environments; returns the first `eval_episodes` game scores."""
+    """Runs a saved model on fresh environments; returns the first `eval_episodes` game scores."""
     envs = make_env(env_id, eval_episodes, seed)
     obs, _ = envs.reset()
     num_actions = int(envs.action_space.n)
