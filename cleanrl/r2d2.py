@@ -1,0 +1,560 @@
+"""R2D2 (Recurrent Replay Distributed DQN) for vector observations.
+
+An LSTM Q-network learns from prioritized replay of fixed-length sequences: each sequence starts from the
+recurrent state the actor had when it was collected, the first `burn_in` steps only warm that state up, and the
+remaining steps are trained with n-step double-Q targets under value rescaling. Many vectorized environments act
+with fixed per-actor epsilons in place of the paper's distributed actors. `--mask-velocity` hides CartPole's
+velocities, so the network has to infer them from its memory.
+
+Paper: Kapturowski et al., "Recurrent Experience Replay in Distributed Reinforcement Learning", ICLR 2019.
+Docs: docs/rl-algorithms/r2d2.md
+"""
+
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import envpool
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    track: bool = False
+    """if toggled, the experiment is tracked with Weights and Biases"""
+    wandb_project_name: str = "cleanrl-q"
+    """the wandb project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of the wandb project"""
+    capture_video: bool = False
+    """whether to record videos of the evaluation episodes to `videos/`"""
+    save_model: bool = False
+    """whether to save the model to `runs/{run_name}` and evaluate it"""
+    eval_episodes: int = 10
+    """the number of evaluation episodes after saving the model"""
+
+    env_id: str = "CartPole-v1"
+    """the envpool id of the environment"""
+    total_timesteps: int = 300_000
+    """total environment steps, summed over all environments"""
+    mask_velocity: bool = False
+    """hide CartPole's velocities (keep cart position and pole angle): a memory task"""
+    num_envs: int = 16
+    """the number of vectorized environments (actors)"""
+    buffer_size: int = 100_000
+    """replay capacity in stored observations (all environments together)"""
+    learning_starts: int = 5_000
+    """environment steps collected before learning starts"""
+    batch_size: int = 32
+    """sequences per learner update"""
+    seq_len: int = 20
+    """steps per replayed sequence, burn-in included"""
+    burn_in: int = 10
+    """first steps of a sequence that only warm up the recurrent state (no gradient)"""
+    overlap: int = 10
+    """steps shared by adjacent sequences of an episode"""
+    n_step: int = 5
+    """steps of the n-step return"""
+    gamma: float = 0.99
+    """the discount factor"""
+    learning_rate: float = 1e-3
+    """Adam learning rate"""
+    adam_eps: float = 1e-3
+    """Adam epsilon"""
+    max_grad_norm: float = 40.0
+    """global gradient-norm clip"""
+    target_update_interval: int = 100
+    """learner updates between copies of the online network into the target network"""
+    replay_ratio: float = 8.0
+    """average number of times each collected step is replayed as a trained (non burn-in) step"""
+    priority_exponent: float = 0.9
+    """priority exponent alpha of prioritized replay"""
+    importance_exponent: float = 0.6
+    """importance-sampling exponent beta (constant)"""
+    priority_eta: float = 0.9
+    """mix of max and mean absolute TD error in a sequence's priority"""
+    base_epsilon: float = 0.4
+    """base of the per-actor epsilons eps_i = base^(1 + alpha i / (N - 1))"""
+    epsilon_alpha: float = 7.0
+    """exponent range alpha of the per-actor epsilons"""
+    final_base_epsilon: float = 0.05
+    """base epsilon at the end of its linear decay"""
+    epsilon_decay_fraction: float = 0.5
+    """fraction of training over which the base epsilon decays linearly to `final_base_epsilon`"""
+    hidden_size: int = 128
+    """units of the LSTM and of each dueling head"""
+    log_interval: int = 100
+    """learner updates between logged losses"""
+
+
+def make_env(env_id: str, num_envs: int, seed: int):
+    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
+
+
+def observe(obs: np.ndarray, mask_velocity: bool) -> np.ndarray:
+    """CartPole's observation is (x, x_dot, theta, theta_dot); the memory task keeps (x, theta)."""
+    return obs[:, [0, 2]] if mask_velocity else obs
+
+
+class QNetwork(nn.Module):
+    """Torso -> LSTM (input also gets the previous reward and one-hot previous action) -> dueling heads."""
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden_size: int):
+        super().__init__()
+        self.num_actions = num_actions
+        self.torso = nn.Sequential(nn.Linear(obs_dim, hidden_size), nn.ReLU())
+        self.lstm = nn.LSTM(hidden_size + num_actions + 1, hidden_size)
+        self.value = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
+        self.advantage = nn.Sequential(
+            nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions)
+        )
+
+    def forward(self, obs, prev_action, prev_reward, is_first, state):
+        """obs (T, B, ...), prev_action (T, B) long (-1: none), prev_reward (T, B), is_first (T, B) bool,
+        state = (h, c) each (B, H). Returns q (T, B, A) and the final state."""
+        steps, batch = is_first.shape
+        features = self.torso(obs.flatten(0, 1)).view(steps, batch, -1)
+        one_hot = F.one_hot(prev_action.clamp(min=0), self.num_actions) * (prev_action >= 0).unsqueeze(-1)
+        x = torch.cat([features, one_hot.float(), prev_reward.unsqueeze(-1)], dim=-1)
+        # the state restarts from zero at an episode's first observation; episodes only begin in a sequence's
+        # first steps, so the LSTM runs fused over the few segments between those positions
+        h, c = state[0].unsqueeze(0), state[1].unsqueeze(0)
+        outputs, start = [], 0
+        for t in [*is_first.any(1).nonzero().flatten().tolist(), steps]:
+            if t > start:
+                out, (h, c) = self.lstm(x[start:t], (h, c))
+                outputs.append(out)
+            if t < steps:
+                keep = (~is_first[t]).float().unsqueeze(-1)
+                h, c = h * keep, c * keep
+            start = t
+        out = torch.cat(outputs)
+        advantage = self.advantage(out)
+        return self.value(out) + advantage - advantage.mean(-1, keepdim=True), (h[0], c[0])
+
+
+class SumTree:
+    """Sum tree over `capacity` leaves; vectorized updates and stratified sampling (no loop per item)."""
+
+    def __init__(self, capacity: int):
+        self.leaves = 1 << (capacity - 1).bit_length()
+        self.nodes = np.zeros(2 * self.leaves, dtype=np.float64)
+
+    def update(self, idx: np.ndarray, values: np.ndarray) -> None:
+        idx = np.asarray(idx, dtype=np.int64) + self.leaves
+        self.nodes[idx] = values
+        while len(idx) and idx[0] > 1:  # all leaves sit at the same depth
+            idx = np.unique(idx // 2)
+            self.nodes[idx] = self.nodes[2 * idx] + self.nodes[2 * idx + 1]
+
+    def total(self) -> float:
+        return self.nodes[1]
+
+    def get(self, idx: np.ndarray) -> np.ndarray:
+        return self.nodes[np.asarray(idx) + self.leaves]
+
+    def sample(self, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+        """One draw in each of `batch_size` equal segments of the total mass."""
+        mass = (np.arange(batch_size) + rng.random(batch_size)) * (self.total() / batch_size)
+        idx = np.ones(batch_size, dtype=np.int64)
+        while idx[0] < self.leaves:
+            left = self.nodes[2 * idx]
+            go_right = mass >= left
+            mass = np.where(go_right, mass - left, mass)
+            idx = 2 * idx + go_right
+        leaf = idx - self.leaves
+        empty = self.nodes[idx] <= 0  # float rounding can end on an empty leaf next to the last full one
+        if empty.any():
+            leaf[empty] = leaf[~empty][0] if (~empty).any() else np.argmax(self.nodes[self.leaves :])
+        return leaf
+
+
+class SequenceReplay:
+    """Every observation is stored once, in one ring-buffered step stream per environment. A sequence is an
+    index window into its stream: start slot, the positions [lo, hi) that belong to its episode (lo < 0: the
+    episode began before the window), the actor's LSTM state before the first slot and a priority. A window
+    spans `seq_len + n_step` slots (the last n only feed the targets) and never crosses an episode: positions
+    outside [lo, hi) are padding. The first windows of an episode reach back before it (lo >= 0, zero state), so
+    its first steps are trained too, not only used as burn-in."""
+
+    def __init__(self, num_envs, capacity, obs_shape, obs_dtype, hidden_size, seq_len, burn_in, overlap, n_step,
+                 priority_exponent):
+        self.num_envs, self.steps = num_envs, capacity // num_envs
+        self.seq_len, self.burn_in, self.stride, self.window = seq_len, burn_in, seq_len - overlap, seq_len + n_step
+        self.priority_exponent = priority_exponent
+        self.history = 1  # slots read before a window: the previous action and reward
+        self.obs = np.zeros((num_envs, self.steps, *obs_shape), dtype=obs_dtype)
+        self.actions = np.zeros((num_envs, self.steps), dtype=np.uint8)
+        self.rewards = np.zeros((num_envs, self.steps), dtype=np.float32)
+        self.terminated = np.zeros((num_envs, self.steps), dtype=bool)
+        self.truncated = np.zeros((num_envs, self.steps), dtype=bool)
+        # short episodes start more windows than one per stride: room for twice that many
+        self.max_seqs = 2 * capacity // self.stride + 4 * num_envs * (self.window // self.stride + 2)
+        self.seq_env = np.zeros(self.max_seqs, dtype=np.int64)
+        self.seq_start = np.zeros(self.max_seqs, dtype=np.int64)  # absolute step of position 0
+        self.seq_lo = np.zeros(self.max_seqs, dtype=np.int64)
+        self.seq_hi = np.zeros(self.max_seqs, dtype=np.int64)
+        self.seq_h = np.zeros((self.max_seqs, hidden_size), dtype=np.float32)
+        self.seq_c = np.zeros((self.max_seqs, hidden_size), dtype=np.float32)
+        self.tree = SumTree(self.max_seqs)
+        self.open = np.zeros(0, dtype=np.int64)  # windows still being filled (priority 0 until complete)
+        self.next_seq, self.t, self.max_priority = 0, 0, 1.0
+        self.episode_start = np.zeros(num_envs, dtype=np.int64)
+
+    def bytes_per_observation(self) -> float:
+        arrays = [self.obs, self.actions, self.rewards, self.terminated, self.truncated, self.seq_env,
+                  self.seq_start, self.seq_lo, self.seq_hi, self.seq_h, self.seq_c]
+        return (sum(a.nbytes for a in arrays) + self.tree.nodes.nbytes) / (self.num_envs * self.steps)
+
+    def _new_windows(self, envs, starts, lo, h, c):
+        ids = (self.next_seq + np.arange(len(envs))) % self.max_seqs
+        self.next_seq += len(envs)
+        self.tree.update(ids, np.zeros(len(ids)))  # evicts the oldest sequences (FIFO)
+        self.seq_env[ids], self.seq_start[ids], self.seq_lo[ids] = envs, starts, lo
+        self.seq_h[ids], self.seq_c[ids] = h, c
+        self.open = np.concatenate([self.open, ids])
+
+    def add(self, obs, actions, rewards, terminated, truncated, is_first, is_reset, h, c):
+        """One vector step: obs (N, ...) fed to the network, its action, reward and flags. `is_reset` marks
+        envpool's reset step (its obs is the previous episode's final one), h and c the LSTM state before obs."""
+        t, slot = self.t, self.t % self.steps
+        self.obs[:, slot], self.actions[:, slot], self.rewards[:, slot] = obs, actions, rewards
+        self.terminated[:, slot], self.truncated[:, slot] = terminated, truncated
+        if t % self.stride == 0:  # forget windows whose slots the ring is about to overwrite
+            stale = self.seq_start - self.history <= t - self.steps + self.stride
+            stale_ids = np.flatnonzero(stale & (self.tree.get(np.arange(self.max_seqs)) > 0))
+            self.tree.update(stale_ids, np.zeros(len(stale_ids)))
+        # close windows that are full or whose episode ended with this step's final observation
+        env, start = self.seq_env[self.open], self.seq_start[self.open]
+        ended, full = is_reset[env], t - start + 1 >= self.window
+        close = ended | full
+        hi = np.where(ended, t - start + 1, self.window)
+        trained = np.where(ended, hi - 2, self.seq_len - 1) >= self.burn_in  # at least one trained step
+        keep = self.open[close & trained]
+        self.seq_hi[keep] = hi[close & trained]
+        self.tree.update(keep, np.full(len(keep), self.max_priority**self.priority_exponent))
+        self.open = self.open[~close]
+        # open new windows; a window's trained part starts every `stride` steps of an episode
+        first = np.flatnonzero(is_first)
+        self.episode_start[first] = t
+        since_start = t - self.episode_start + self.burn_in
+        regular = np.flatnonzero(~is_first & ~is_reset & (since_start % self.stride == 0))
+        if len(regular):
+            lo = self.episode_start[regular] - t
+            self._new_windows(regular, np.full(len(regular), t), lo, h[regular], c[regular])
+        zeros = np.zeros((len(first), self.seq_h.shape[1]), dtype=np.float32)
+        for offset in range(0, self.burn_in + 1, self.stride) if len(first) else []:  # reach back before it
+            lo = np.full(len(first), self.burn_in - offset)
+            self._new_windows(first, t - lo, lo, zeros, zeros)
+        self.t += 1
+
+    def sample(self, batch_size: int, rng: np.random.Generator, importance_exponent: float, device):
+        """Prioritized draw of `batch_size` sequences with their normalized importance weights."""
+        ids = self.tree.sample(batch_size, rng)
+        probs = self.tree.get(ids) / self.tree.total()
+        weights = (np.count_nonzero(self.tree.get(np.arange(self.max_seqs))) * probs) ** -importance_exponent
+        batch = self.gather(ids, device)
+        batch["weights"] = torch.as_tensor((weights / weights.max()).astype(np.float32), device=device)
+        return ids, batch
+
+    def gather(self, ids: np.ndarray, device) -> dict:
+        """Time-major tensors over the `seq_len + n_step` positions of the sequences `ids`."""
+        pos = np.arange(-self.history, self.window)[:, None]
+        env = self.seq_env[ids][None]
+        slots = (self.seq_start[ids][None] + pos) % self.steps
+        valid = (pos >= self.seq_lo[ids][None]) & (pos < self.seq_hi[ids][None])  # padding: another episode
+        frames = self.obs[env, slots]
+        frames = frames * valid.reshape(*valid.shape, *([1] * (frames.ndim - 2))).astype(frames.dtype)
+        obs = frames[self.history :]
+        actions = np.where(valid, self.actions[env, slots].astype(np.int64), -1)
+        rewards = np.where(valid, self.rewards[env, slots], 0.0).astype(np.float32)
+        done = valid & (self.terminated[env, slots] | self.truncated[env, slots])
+        now, before = slice(self.history, None), slice(self.history - 1, -1)
+        batch = dict(
+            obs=obs, actions=actions[now], rewards=rewards[now], prev_action=actions[before],
+            prev_reward=rewards[before], terminated=valid[now] & self.terminated[env, slots[now]], done=done[now],
+            valid=valid[now], is_reset=done[before], is_first=valid[now] & ~valid[before],
+            h=self.seq_h[ids], c=self.seq_c[ids],
+        )
+        batch = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
+        batch["prev_reward"] = batch["prev_reward"].clamp(-1, 1)  # as the actor sees it
+        return batch
+
+    def update_priorities(self, ids: np.ndarray, priorities: np.ndarray) -> None:
+        self.max_priority = max(self.max_priority, float(priorities.max()))
+        self.tree.update(ids, priorities**self.priority_exponent)
+
+
+def value_rescale(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+    """h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x."""
+    return torch.sign(x) * (torch.sqrt(torch.abs(x) + 1) - 1) + eps * x
+
+
+def inverse_value_rescale(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
+    """h^-1(x), in the form 2z / (1 + sqrt(1 + 4 eps z)) with z = |x| + 1 + eps, which avoids the cancellation
+    of sqrt(1 + 4 eps z) - 1 in float32."""
+    z = torch.abs(x) + 1 + eps
+    return torch.sign(x) * ((2 * z / (1 + torch.sqrt(1 + 4 * eps * z))) ** 2 - 1)
+
+
+def sequence_priorities(abs_td: torch.Tensor, mask: torch.Tensor, eta: float = 0.9) -> torch.Tensor:
+    """eta max_t |delta_t| + (1 - eta) mean_t |delta_t| over the valid steps: abs_td, mask (T, B) -> (B,)."""
+    mask = mask.to(abs_td.dtype)
+    masked = abs_td * mask
+    return eta * masked.amax(0) + (1 - eta) * masked.sum(0) / mask.sum(0).clamp(min=1)
+
+
+def actor_epsilons(num_envs: int, base_epsilon: float = 0.4, alpha: float = 7.0) -> np.ndarray:
+    """eps_i = base^(1 + alpha i / (N - 1)); a single actor gets `base`."""
+    fraction = np.arange(num_envs) / max(num_envs - 1, 1)
+    return base_epsilon ** (1 + alpha * fraction)
+
+
+def sequence_td_errors(q_net, target_net, batch, burn_in: int, seq_len: int, n_step: int, gamma: float):
+    """TD errors delta (T, B) in rescaled space, the trained-step mask (T, B) and Q(s, a) (T, B) for the
+    T = seq_len - burn_in trained positions. Burn-in runs without gradient; the target network is unrolled over
+    the same sequence from the same stored state."""
+    inputs = [batch[k] for k in ("obs", "prev_action", "prev_reward", "is_first")]
+    state = (batch["h"], batch["c"])
+    with torch.no_grad():
+        _, burned_in = q_net(*[x[:burn_in] for x in inputs], state)
+        target_q, _ = target_net(*inputs, state)
+    q, _ = q_net(*[x[burn_in:] for x in inputs], burned_in)  # positions burn_in .. seq_len + n_step - 1
+    steps = seq_len - burn_in
+    q_taken = q[:steps].gather(-1, batch["actions"][burn_in:seq_len].clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    # n-step return that stops at the episode end; only termination cuts the bootstrap, a time-out keeps it
+    returns = torch.zeros_like(q_taken)
+    alive = torch.ones_like(q_taken, dtype=torch.bool)
+    offset = torch.full_like(batch["actions"][:steps], n_step)
+    bootstrap = torch.ones_like(alive)
+    for k in range(n_step):
+        rows = slice(burn_in + k, seq_len + k)
+        returns += alive * gamma**k * batch["rewards"][rows]
+        ends = alive & batch["done"][rows]
+        offset = torch.where(ends, k + 1, offset)
+        bootstrap = torch.where(ends, ~batch["terminated"][rows], bootstrap)
+        alive = alive & ~batch["done"][rows]
+    with torch.no_grad():
+        rows = offset + torch.arange(steps, device=offset.device).unsqueeze(-1)  # index into q (starts at burn_in)
+        cols = torch.arange(q.shape[1], device=q.device).expand_as(rows)
+        best = q.detach()[rows, cols].argmax(-1, keepdim=True)  # double Q: online net picks, target net rates
+        next_value = target_q[rows + burn_in, cols].gather(-1, best).squeeze(-1)
+        target = value_rescale(returns + bootstrap * gamma**offset * inverse_value_rescale(next_value))
+    mask = batch["valid"][burn_in:seq_len] & ~batch["is_reset"][burn_in:seq_len]
+    return (target - q_taken) * mask, mask, q_taken
+
+
+def evaluate(model_path, env_id, eval_episodes, device, epsilon=0.001, mask_velocity=False, hidden_size=128,
+             capture_video=False, run_name="eval", seed=1):
+    """Runs a saved model on fresh environments; returns the first `eval_episodes` game scores."""
+    envs = make_env(env_id, eval_episodes, seed)
+    obs, _ = envs.reset()
+    num_actions = int(envs.action_space.n)
+    model = QNetwork(observe(obs, mask_velocity).shape[1], num_actions, hidden_size).to(device)
+    model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
+    if capture_video:
+        record_video(model, env_id, mask_velocity, device, run_name)
+    state = (torch.zeros(eval_episodes, hidden_size, device=device),) * 2
+    prev_action, prev_reward = np.full(eval_episodes, -1), np.zeros(eval_episodes, dtype=np.float32)
+    scores, returns, finished = [], np.zeros(eval_episodes), np.zeros(eval_episodes, dtype=bool)
+    while not finished.all():
+        q, state = model(*to_step_inputs(observe(obs, mask_velocity), prev_action, prev_reward, device), state)
+        actions = q[0].argmax(-1).cpu().numpy()
+        explore = np.random.random(eval_episodes) < epsilon
+        actions = np.where(explore, np.random.randint(num_actions, size=eval_episodes), actions)
+        obs, reward, terminated, truncated, _ = envs.step(actions)
+        returns += reward * ~finished
+        for i in np.flatnonzero((terminated | truncated) & ~finished):
+            scores.append(float(returns[i]))
+        finished |= terminated | truncated
+        prev_action, prev_reward = actions, np.clip(reward, -1, 1).astype(np.float32)
+    return scores
+
+
+def to_step_inputs(obs, prev_action, prev_reward, device, is_first=None):
+    """Numpy actor inputs for one step -> (1, N, ...) tensors for QNetwork.forward."""
+    is_first = np.zeros(len(obs), dtype=bool) if is_first is None else is_first
+    arrays = (obs, np.asarray(prev_action, dtype=np.int64), prev_reward, is_first)
+    return [torch.as_tensor(a, device=device).unsqueeze(0) for a in arrays]
+
+
+def record_video(model, env_id, mask_velocity, device, run_name):
+    """Records one greedy episode with gymnasium's renderer (envpool does not render)."""
+    try:
+        env = gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"videos/{run_name}")
+        obs, _ = env.reset(seed=0)
+    except (ImportError, gym.error.DependencyNotInstalled) as e:
+        raise SystemExit(f"error: --capture-video: needs the video extra (pip install 'cleanrl-q[video]'): {e}")
+    state = (torch.zeros(1, model.lstm.hidden_size, device=device),) * 2
+    prev_action, prev_reward, done = [-1], np.zeros(1, dtype=np.float32), False
+    while not done:
+        inputs = to_step_inputs(observe(obs[None].astype(np.float32), mask_velocity), prev_action, prev_reward, device)
+        q, state = model(*inputs, state)
+        prev_action = [int(q[0, 0].argmax())]
+        obs, reward, terminated, truncated, _ = env.step(prev_action[0])
+        prev_reward, done = np.array([np.clip(reward, -1, 1)], dtype=np.float32), terminated or truncated
+    env.close()
+
+
+def validate_args(args: Args) -> None:
+    if args.env_id not in envpool.list_all_envs():
+        raise SystemExit(f"error: --env-id={args.env_id}: not an envpool environment id")
+    if not isinstance(envpool.make_spec(args.env_id).action_space, gym.spaces.Discrete):
+        raise SystemExit(f"error: --env-id={args.env_id}: needs a discrete action space")
+    if args.mask_velocity and not args.env_id.startswith("CartPole"):
+        raise SystemExit(f"error: --mask-velocity: only defined for CartPole, not --env-id={args.env_id}")
+    checks = [
+        ("num-envs", args.num_envs, args.num_envs >= 1, "at least 1"),
+        ("seq-len", args.seq_len, args.seq_len >= 2, "at least 2"),
+        ("burn-in", args.burn_in, 0 <= args.burn_in < args.seq_len, f"0 <= burn-in < --seq-len={args.seq_len}"),
+        ("overlap", args.overlap, 0 <= args.overlap < args.seq_len, f"0 <= overlap < --seq-len={args.seq_len}"),
+        ("n-step", args.n_step, 1 <= args.n_step <= args.seq_len - args.burn_in,
+         f"1 <= n-step <= seq-len - burn-in = {args.seq_len - args.burn_in}"),
+        ("batch-size", args.batch_size, args.batch_size >= 1, "at least 1"),
+        ("buffer-size", args.buffer_size, args.buffer_size // args.num_envs >= 2 * (args.seq_len + args.n_step),
+         f"at least num-envs * 2 * (seq-len + n-step) = {args.num_envs * 2 * (args.seq_len + args.n_step)}"),
+        ("replay-ratio", args.replay_ratio, args.replay_ratio > 0, "> 0"),
+        ("target-update-interval", args.target_update_interval, args.target_update_interval >= 1, "at least 1"),
+        ("base-epsilon", args.base_epsilon, 0 <= args.base_epsilon <= 1, "in [0, 1]"),
+        ("final-base-epsilon", args.final_base_epsilon, 0 <= args.final_base_epsilon <= 1, "in [0, 1]"),
+        ("epsilon-decay-fraction", args.epsilon_decay_fraction, 0 <= args.epsilon_decay_fraction <= 1, "in [0, 1]"),
+        ("priority-eta", args.priority_eta, 0 <= args.priority_eta <= 1, "in [0, 1]"),
+        ("total-timesteps", args.total_timesteps, args.total_timesteps >= args.num_envs, "at least --num-envs"),
+    ]
+    for flag, value, ok, allowed in checks:
+        if not ok:
+            raise SystemExit(f"error: --{flag}={value}: {allowed}")
+
+
+def main(args: Args) -> list[float]:
+    validate_args(args)
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=vars(args), name=run_name, save_code=True)
+    writer = SummaryWriter(f"runs/{run_name}")
+    rows = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    rng = np.random.default_rng(args.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    envs = make_env(args.env_id, args.num_envs, args.seed)
+    num_envs, num_actions = args.num_envs, int(envs.action_space.n)
+    obs, _ = envs.reset()
+    obs = observe(obs, args.mask_velocity)
+    q_net = QNetwork(obs.shape[1], num_actions, args.hidden_size).to(device)
+    target_net = QNetwork(obs.shape[1], num_actions, args.hidden_size).to(device)
+    target_net.load_state_dict(q_net.state_dict())
+    optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    rb = SequenceReplay(num_envs, args.buffer_size, obs.shape[1:], np.float32, args.hidden_size, args.seq_len,
+                        args.burn_in, args.overlap, args.n_step, args.priority_exponent)
+    print(f"replay: {rb.bytes_per_observation():.1f} bytes per stored observation")
+    writer.add_text("replay", f"{rb.bytes_per_observation():.1f} bytes per stored observation")
+    updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * (args.seq_len - args.burn_in))
+
+    h = torch.zeros(num_envs, args.hidden_size, device=device)
+    c = torch.zeros_like(h)
+    is_first, is_reset = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
+    prev_action, prev_reward = np.full(num_envs, -1), np.zeros(num_envs, dtype=np.float32)
+    episode_return, episode_length = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
+    scores, update_credit, updates = [], 0.0, 0
+    start_time = last_print = time.time()
+    for iteration in range(args.total_timesteps // num_envs):
+        global_step = (iteration + 1) * num_envs
+        keep = torch.as_tensor(~is_first, device=device).float().unsqueeze(-1)
+        h, c = h * keep, c * keep  # episode start: zero state, no previous action or reward
+        prev_action, prev_reward = np.where(is_first, -1, prev_action), np.where(is_first, 0, prev_reward)
+        decay = min(global_step / max(args.epsilon_decay_fraction * args.total_timesteps, 1), 1.0)
+        base_epsilon = args.base_epsilon + decay * (args.final_base_epsilon - args.base_epsilon)
+        epsilons = actor_epsilons(num_envs, base_epsilon, args.epsilon_alpha)
+        with torch.no_grad():
+            q, (next_h, next_c) = q_net(*to_step_inputs(obs, prev_action, prev_reward, device, is_first), (h, c))
+        actions = np.where(rng.random(num_envs) < epsilons, rng.integers(num_actions, size=num_envs),
+                           q[0].argmax(-1).cpu().numpy())
+        next_obs, reward, terminated, truncated, info = envs.step(actions)
+        rb.add(obs, actions, reward, terminated, truncated, is_first, is_reset, h.cpu().numpy(), c.cpu().numpy())
+
+        # true game score; envpool's reset step is no part of an episode
+        episode_return += np.where(is_reset, 0, reward)
+        episode_length += ~is_reset
+        for i in np.flatnonzero(terminated | truncated):
+            scores.append(float(episode_return[i]))
+            writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
+            writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
+        episode_return[terminated | truncated], episode_length[terminated | truncated] = 0, 0
+
+        obs, h, c = observe(next_obs, args.mask_velocity), next_h, next_c
+        prev_action, prev_reward = actions, np.clip(reward, -1, 1).astype(np.float32)
+        is_first, is_reset = is_reset, terminated | truncated
+
+        if global_step > args.learning_starts and rb.tree.total() > 0:
+            update_credit += updates_per_vector_step
+        while update_credit >= 1:
+            update_credit -= 1
+            ids, batch = rb.sample(args.batch_size, rng, args.importance_exponent, device)
+            td, mask, q_taken = sequence_td_errors(q_net, target_net, batch, args.burn_in, args.seq_len,
+                                                   args.n_step, args.gamma)
+            per_sequence = (0.5 * td**2).sum(0) / mask.sum(0).clamp(min=1)
+            loss = (batch["weights"] * per_sequence).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(q_net.parameters(), args.max_grad_norm)
+            optimizer.step()
+            priorities = sequence_priorities(td.detach().abs(), mask, args.priority_eta)
+            rb.update_priorities(ids, priorities.cpu().numpy())
+            updates += 1
+            if updates % args.target_update_interval == 0:
+                target_net.load_state_dict(q_net.state_dict())
+            if updates % args.log_interval == 0:
+                writer.add_scalar("losses/td_loss", loss.item(), global_step)
+                writer.add_scalar("losses/q_values", (q_taken * mask).sum().item() / mask.sum().item(), global_step)
+                writer.add_scalar("charts/beta", args.importance_exponent, global_step)
+                writer.add_scalar("charts/epsilon", float(epsilons.mean()), global_step)
+                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+                writer.add_scalar("charts/SPS", int(global_step / (time.time() - start_time)), global_step)
+        if time.time() - last_print > 10:
+            last_print = time.time()
+            sps = int(global_step / (last_print - start_time))
+            mean = np.mean(scores[-100:]) if scores else float("nan")
+            eta = time.strftime("%H:%M:%S", time.gmtime((args.total_timesteps - global_step) / max(sps, 1)))
+            print(f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {mean:8.2f} | ETA {eta}")
+
+    if args.save_model:
+        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
+        torch.save(q_net.state_dict(), model_path)
+        print(f"model saved to {model_path}")
+        eval_scores = evaluate(model_path, args.env_id, args.eval_episodes, device, mask_velocity=args.mask_velocity,
+                               hidden_size=args.hidden_size, capture_video=args.capture_video, run_name=run_name,
+                               seed=args.seed + 100)
+        for i, score in enumerate(eval_scores):
+            writer.add_scalar("eval/episodic_return", score, i)
+    envs.close()
+    writer.close()
+    return scores
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Args))
