@@ -424,7 +424,24 @@ class Agent:
         self.game_over = game_over
         self.episode_start = reset_step.copy()
         self.last_action = np.where(reset_step, -1, actions)
-        self.last_reward = np.where(reset_step, 0.0, reward).astype(np.float32)
+        self.last_reward = np.where(reset_step, 0.0, np.clip(reward, -1, 1)).astype(np.float32)
+
+
+def make_video_env(env_id, max_episode_steps, run_name):
+    """One recorded environment through ale-py (envpool does not render), preprocessed as in training."""
+    try:
+        import ale_py
+    except ImportError:
+        raise SystemExit("error: --capture-video: needs ale-py and moviepy (pip install 'cleanrl-q[video]')")
+    gym.register_envs(ale_py)
+
+    def thunk():
+        env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array",
+                       max_num_frames_per_episode=4 * max_episode_steps)
+        env = gym.wrappers.RecordVideo(env, f"videos/{run_name}", episode_trigger=lambda _: True)
+        return gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False)
+
+    return gym.vector.SyncVectorEnv([thunk])
 
 
 def evaluate(model_path, env_id, eval_episodes, device, epsilon=0.001, args=None, capture_video=False,
@@ -434,10 +451,10 @@ def evaluate(model_path, env_id, eval_episodes, device, epsilon=0.001, args=None
     favoured."""
     args = args or Args(env_id=env_id)
     if capture_video:
-        raise SystemExit("error: --capture-video: recording needs a gymnasium Atari env; not supported by "
-                         "recurrent_iqn_atari.py yet (envpool does not render)")
-    num_envs = min(eval_episodes, 32)
-    envs = make_env(env_id, num_envs, args.seed + 1000, training=False, max_episode_steps=args.max_episode_steps)
+        envs = make_video_env(env_id, args.max_episode_steps, run_name)
+    else:
+        envs = make_env(env_id, min(eval_episodes, 32), args.seed + 1000, False, args.max_episode_steps)
+    num_envs = envs.num_envs if capture_video else min(eval_episodes, 32)
     network = QNetwork(int(envs.action_space.n), args).to(device)
     network.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
     network.eval()
@@ -447,9 +464,9 @@ def evaluate(model_path, env_id, eval_episodes, device, epsilon=0.001, args=None
     obs, _ = envs.reset()
     reset_step = np.zeros(num_envs, dtype=bool)
     while len(scores) < eval_episodes:
-        actions = agent.act(obs, epsilon)
+        actions = agent.act(obs.reshape(num_envs, 1, 84, 84), epsilon)
         obs, reward, terminated, truncated, info = envs.step(actions)
-        score += info["reward"]
+        score += info.get("reward", reward)  # envpool: the raw score; ale-py: rewards are not clipped
         game_over = terminated | truncated
         for i in np.flatnonzero(game_over & (quota > 0)):
             scores.append(float(score[i]))
@@ -515,7 +532,7 @@ def main(args: Args) -> list[float]:
     episode_returns, episode_return = [], np.zeros(args.num_envs)
     episode_length = np.zeros(args.num_envs, dtype=np.int64)
     reset_step = np.zeros(args.num_envs, dtype=bool)
-    obs, _ = envs.reset(seed=args.seed)
+    obs, _ = envs.reset()
     start_time = last_print = time.time()
     updates, global_step, logs = 0, 0, None
     for iteration in range(1, num_iterations + 1):
