@@ -63,8 +63,8 @@ class Args:
     """the length of a replayed training sequence"""
     batch_size: int = 32
     """the number of sequences per training batch"""
-    replay_ratio: float = 4.0
-    """how many times each acted transition is replayed on average (32x20 batches: one update per 160 steps)"""
+    replay_ratio: float = 16.0
+    """how many times each acted transition is replayed on average (32x20 batches: one update per 40 steps)"""
     burn_in: int = 0
     """the first steps of each sequence only warm up the recurrent state (no loss, no gradient); 0 = off"""
     n_step: int = 2
@@ -81,17 +81,17 @@ class Args:
     """the maximum norm of the gradients"""
     target_network_frequency: int = 2_000
     """the number of agent steps between target network updates"""
-    learning_starts: int = 5_000
+    learning_starts: int = 2_000
     """the number of agent steps acted before learning starts"""
-    lstm_size: int = 128
+    lstm_size: int = 64
     """the size of the LSTM state"""
-    hidden_size: int = 128
+    hidden_size: int = 64
     """the width of the hidden layers of the advantage and value branches"""
-    num_quantiles: int = 32
+    num_quantiles: int = 8
     """N: quantile samples of the online network in the loss"""
-    num_target_quantiles: int = 32
+    num_target_quantiles: int = 8
     """N': quantile samples of the target network"""
-    num_action_quantiles: int = 32
+    num_action_quantiles: int = 8
     """K: quantile samples for acting and for the double-Q action selection"""
     quantile_embedding_dim: int = 64
     """the number of cosine features of the quantile embedding"""
@@ -99,8 +99,8 @@ class Args:
     """the threshold of the quantile Huber loss"""
     iqn_before_lstm: bool = False
     """place the IQN layer before the LSTM (state repeated per quantile sample, merged by the mean every step)"""
-    start_epsilon: float = 0.4
-    """the base epsilon of the per-actor exploration at the start"""
+    start_epsilon: float = 1.0
+    """the base epsilon of the per-actor exploration at the start (CartPole needs random play first)"""
     end_epsilon: float = 0.01
     """the base epsilon at the end of the decay, also the floor of every actor's epsilon"""
     exploration_fraction: float = 0.5
@@ -117,7 +117,7 @@ class Args:
     """alpha: the priority exponent of prioritized replay"""
     importance_exponent: float = 0.6
     """beta: the importance-sampling exponent of prioritized replay"""
-    value_rescaling: bool = False
+    value_rescaling: bool = True
     """apply the value rescaling h(x) = sign(x)(sqrt(|x|+1)-1) + 1e-3 x to the targets"""
     max_episode_steps: int = 500
     """the episode cap in agent steps (CartPole-v1: 500)"""
@@ -172,9 +172,7 @@ class QNetwork(nn.Module):
         for name, param in self.lstm.named_parameters():
             nn.init.orthogonal_(param) if "weight" in name else nn.init.constant_(param, 0.0)
         embedded_size = torso_size if args.iqn_before_lstm else args.lstm_size
-        self.quantile_embedding = nn.Sequential(
-            layer_init(nn.Linear(args.quantile_embedding_dim, embedded_size)), nn.ReLU()
-        )
+        self.quantile_embedding = nn.Sequential(layer_init(nn.Linear(args.quantile_embedding_dim, embedded_size)), nn.ReLU())
         self.register_buffer("cosine_frequencies", torch.arange(1, args.quantile_embedding_dim + 1) * np.pi)
         self.advantage = nn.Sequential(
             layer_init(nn.Linear(args.lstm_size, args.hidden_size)), nn.ReLU(),
@@ -218,29 +216,43 @@ class QNetwork(nn.Module):
         return self.head(features, taus), state
 
 
-def unroll_lstm(lstm, x, state, keep, bounds):
+def lstm_step(input_gates, h, c, lstm):
+    """One LSTM step given the input's share of the gates (x W_ih^T + b), PyTorch's gate order i, f, g, o."""
+    i, f, g, o = (input_gates + h @ lstm.weight_hh_l0.T).chunk(4, -1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def unroll_lstm(lstm, x, state, keep, bounds, segmented=None):
     """Runs `lstm` over x (T, B, D) from state (h, c), multiplying the state by keep (T, B, 1) before every
-    step. keep only changes at `bounds`, so each stretch between them is one cuDNN/MKL-friendly call."""
+    step. keep only changes at `bounds` (steps where some sequence restarts), so on a GPU each stretch
+    between them is one cuDNN call; on a CPU one matmul projects the inputs of all steps and only
+    h W_hh^T runs per step, which measured faster there (docs page, "Speed")."""
     h, c = state
     outputs = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        out, (h, c) = lstm(x[start:end], ((h * keep[start]).unsqueeze(0), (c * keep[start]).unsqueeze(0)))
-        h, c = h[0], c[0]
-        outputs.append(out)
-    return torch.cat(outputs), (h, c)
+    if x.is_cuda if segmented is None else segmented:
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            out, (h, c) = lstm(x[start:end], ((h * keep[start])[None], (c * keep[start])[None]))
+            h, c = h[0], c[0]
+            outputs.append(out)
+        return torch.cat(outputs), (h, c)
+    input_gates = F.linear(x, lstm.weight_ih_l0, lstm.bias_ih_l0 + lstm.bias_hh_l0)
+    for t in range(x.shape[0]):
+        h, c = lstm_step(input_gates[t], h * keep[t], c * keep[t], lstm)
+        outputs.append(h)
+    return torch.stack(outputs), (h, c)
 
 
 def unroll_lstm_merged(lstm, x, state, keep):
-    """x (T, B, K, D): the state (B, H) is repeated over the K quantile samples, stepped, and merged back by
-    the mean after every step. Returns outputs (T, B, K, H) and the merged state."""
+    """x (T, B, K, D): the state (B, H) is shared by the K quantile samples of a step (the same as repeating
+    it; h W_hh^T is computed once) and merged back by the mean after every step. -> (T, B, K, H), state."""
     h, c = state
-    T, B, K = x.shape[:3]
+    input_gates = F.linear(x, lstm.weight_ih_l0, lstm.bias_ih_l0 + lstm.bias_hh_l0)
     outputs = []
-    for t in range(T):
-        h, c = (h * keep[t]).repeat_interleave(K, 0), (c * keep[t]).repeat_interleave(K, 0)
-        out, (h, c) = lstm(x[t].reshape(1, B * K, -1), (h.unsqueeze(0), c.unsqueeze(0)))
-        h, c = h[0].view(B, K, -1).mean(1), c[0].view(B, K, -1).mean(1)
-        outputs.append(out.view(B, K, -1))
+    for t in range(x.shape[0]):
+        out, c = lstm_step(input_gates[t], (h * keep[t]).unsqueeze(1), (c * keep[t]).unsqueeze(1), lstm)
+        h, c = out.mean(1), c.mean(1)
+        outputs.append(out)
     return torch.stack(outputs), (h, c)
 
 
@@ -291,8 +303,7 @@ class SequenceReplay:
         self.num_windows = self.capacity // args.seq_len
         N, C = args.num_envs, self.capacity
         self.obs = np.zeros((N, C, *obs_shape), dtype=obs_dtype)
-        self.last_action = np.zeros((N, C), dtype=np.int16)
-        self.action = np.zeros((N, C), dtype=np.int16)
+        self.last_action, self.action = np.zeros((N, C), dtype=np.int16), np.zeros((N, C), dtype=np.int16)
         self.last_reward, self.reward, self.timestep = (np.zeros((N, C), dtype=np.float32) for _ in range(3))
         self.episode_start, self.reset_step, self.terminated, self.truncated = (
             np.zeros((N, C), dtype=bool) for _ in range(4))
@@ -326,9 +337,6 @@ class SequenceReplay:
     def num_valid(self):
         first, last = self.valid_windows()
         return self.obs.shape[0] * (last - first + 1)
-
-    def can_sample(self):
-        return self.pos >= self.window
 
     def sample(self, batch_size):
         """-> (numpy dict of (T, B) arrays, stored states, window ids, sampling probabilities or None)."""
@@ -442,12 +450,6 @@ class Agent:
 
 def make_video_env(env_id, mask_velocity, run_name):
     """One recorded gymnasium environment (envpool does not render)."""
-    try:
-        import moviepy  # noqa: F401
-        import pygame  # noqa: F401
-    except ImportError:
-        raise SystemExit("error: --capture-video: needs moviepy and pygame (pip install moviepy 'gymnasium[classic-control]')")
-
     def thunk():
         env = gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"videos/{run_name}",
                                        episode_trigger=lambda _: True)
@@ -512,6 +514,11 @@ def validate_args(args):
                          f"--seq-len + --n-step steps per environment ({2 * (args.seq_len + args.n_step) * args.num_envs})")
     if args.replay_ratio <= 0:
         raise SystemExit(f"error: --replay-ratio={args.replay_ratio}: must be positive")
+    if args.capture_video:
+        try:
+            import moviepy, pygame  # noqa: F401
+        except ImportError:
+            raise SystemExit("error: --capture-video: needs moviepy and pygame (pip install moviepy 'gymnasium[classic-control]')")
 
 
 def main(args: Args) -> list[float]:
@@ -576,7 +583,7 @@ def main(args: Args) -> list[float]:
         reset_step = terminated | truncated
         obs = next_obs
 
-        if global_step > args.learning_starts and iteration % update_every == 0 and rb.can_sample():
+        if global_step > args.learning_starts and iteration % update_every == 0 and rb.pos >= rb.window:
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
             loss, q_values = train_step(args, network, target_network, optimizer, rb, device)

@@ -104,6 +104,8 @@ def test_unroll_resets_state_exactly_at_episode_starts():
     keep = torch.as_tensor(~start).unsqueeze(-1).float()
     out, _ = recurrent_iqn_atari.unroll_lstm(lstm, x, (h0, c0), keep, bounds)
     torch.testing.assert_close(out, reference_unroll(lstm, x, h0, c0, start))
+    segmented, _ = recurrent_iqn_atari.unroll_lstm(lstm, x, (h0, c0), keep, bounds, segmented=True)  # GPU path
+    torch.testing.assert_close(segmented, out)
     # at an episode start the output equals a fresh unroll from a zero state, and only there
     zero = torch.zeros(1, 7)
     for t in range(T):
@@ -133,13 +135,14 @@ def test_merged_unroll_averages_state_over_quantile_samples():
 
 
 @pytest.mark.parametrize("module", MODULES)
-def test_extra_lstm_inputs(module):
+def test_extra_lstm_inputs(module, monkeypatch):
     args = small_args(module, max_episode_steps=100)
     obs_shape = (1, 84, 84) if module is recurrent_iqn_atari else (2,)
     net = module.QNetwork(3, args) if module is recurrent_iqn_atari else module.QNetwork(2, 3, args)
     agent = module.Agent(net, 3, args, torch.device("cpu"))
     seen = []
-    net.lstm.register_forward_pre_hook(lambda mod, inp: seen.append(inp[0].detach().clone()))
+    unroll = module.unroll_lstm
+    monkeypatch.setattr(module, "unroll_lstm", lambda lstm, x, *rest: seen.append(x.clone()) or unroll(lstm, x, *rest))
     obs = np.zeros((3, *obs_shape), dtype=np.uint8 if module is recurrent_iqn_atari else np.float32)
     agent.act(obs, 0.0)
     assert torch.all(seen[-1][0, :, -5:] == 0)  # first frames: no last action, no reward, timestep 0
