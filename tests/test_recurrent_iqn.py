@@ -230,7 +230,7 @@ def test_reset_step_is_never_trained_on():
     assert loss_with(0, 1.0, action_at_2=1) != pytest.approx(base, rel=1e-6)  # a real step does count
 
 
-SMOKE = dict(total_timesteps=480, num_envs=4, buffer_size=480, seq_len=6, batch_size=4, learning_starts=160,
+SMOKE = dict(total_timesteps=400, num_envs=4, buffer_size=400, seq_len=6, batch_size=4, learning_starts=160,
              target_network_frequency=160, log_interval=2)
 OPTIONS = [{}, dict(prioritized_replay=True), dict(value_rescaling=True), dict(burn_in=2), dict(iqn_before_lstm=True),
            dict(save_model=True, eval_episodes=2)]
@@ -240,7 +240,7 @@ OPTIONS = [{}, dict(prioritized_replay=True), dict(value_rescaling=True), dict(b
 @pytest.mark.parametrize("module", MODULES, ids=["atari", "vector"])
 def test_smoke(module, options, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    extra = dict(max_episode_steps=200) if module is recurrent_iqn_atari else {}
+    extra = dict(max_episode_steps=80) if module is recurrent_iqn_atari else {}  # every env ends a game
     returns = module.main(small_args(module, env_id="Breakout-v5" if module is recurrent_iqn_atari else "CartPole-v1",
                                      **SMOKE, **extra, **options))
     assert isinstance(returns, list) and len(returns) > 0 and all(math.isfinite(r) for r in returns)
