@@ -448,6 +448,67 @@ class Agent:
         self.last_reward = np.where(reset_step, 0.0, np.clip(reward, -1, 1)).astype(np.float32)
 
 
+def train_step(args, network, target_network, optimizer, rb, device):
+    """One update on batch_size sequences; returns the loss and mean Q as device tensors (no sync)."""
+    batch, initial_state, ids, probs = rb.sample(args.batch_size)
+    bounds = window_bounds = segment_bounds(batch["episode_start"])
+    b = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
+    inputs = {k: b[k] for k in ["obs", "last_action", "last_reward", "timestep", "episode_start"]}
+    T, B, L, n, burn_in = rb.window, args.batch_size, args.seq_len, args.n_step, args.burn_in
+    rand = lambda k: torch.rand(T, B, k, device=device)  # noqa: E731
+    with torch.no_grad():
+        target_quantiles, _ = target_network(**inputs, state=initial_state, taus=rand(args.num_target_quantiles),
+                                             bounds=window_bounds)
+        returns, discounts, bootstrap = n_step_targets(b["reward"], b["terminated"], b["truncated"], args.gamma, n)
+    taus, state = rand(args.num_quantiles), initial_state
+    if burn_in > 0:  # the burn-in only warms up the stored state: no gradient, no loss
+        with torch.no_grad():
+            _, state = network.core(**{k: v[:burn_in] for k, v in inputs.items()}, state=state, taus=taus[:burn_in],
+                                    bounds=[t for t in bounds if t < burn_in] + [burn_in])
+        bounds = [0] + [t - burn_in for t in bounds if t > burn_in]
+    features, _ = network.core(**{k: v[burn_in:] for k, v in inputs.items()}, state=state, taus=taus[burn_in:],
+                               bounds=bounds)
+    quantiles = network.head(features[: L - burn_in], taus[burn_in:L])  # (L - burn_in, B, N, A)
+    with torch.no_grad():
+        select_taus = rand(args.num_action_quantiles)
+        if args.iqn_before_lstm:  # the quantile samples enter the LSTM: the selection pass needs its own unroll
+            select_quantiles, _ = network(**inputs, state=initial_state, taus=select_taus, bounds=window_bounds)
+        else:  # reuse the LSTM features, new quantile samples in the head
+            select_quantiles = F.pad(network.head(features, select_taus[burn_in:]), (0, 0, 0, 0, 0, 0, burn_in, 0))
+        # Double Q: the online network picks the bootstrap action, the target network values it.
+        gather = lambda z: z.gather(0, bootstrap.view(L, B, 1, 1).expand(-1, -1, *z.shape[2:]))  # noqa: E731
+        next_actions = gather(select_quantiles).mean(2).argmax(2, keepdim=True)  # (L, B, 1)
+        next_quantiles = gather(target_quantiles).gather(
+            3, next_actions.unsqueeze(2).expand(-1, -1, args.num_target_quantiles, 1)).squeeze(3)  # (L, B, N')
+        if args.value_rescaling:
+            next_quantiles = inverse_value_rescale(next_quantiles)
+        targets = returns.unsqueeze(2) + discounts.unsqueeze(2) * next_quantiles
+        if args.value_rescaling:
+            targets = value_rescale(targets)
+        targets = targets[burn_in:]
+    actions = b["action"][burn_in:L].long()
+    chosen = quantiles.gather(3, actions.view(*actions.shape, 1, 1).expand(-1, -1, args.num_quantiles, 1)).squeeze(3)
+    loss = quantile_huber_loss(chosen.flatten(0, 1), taus[burn_in:L].flatten(0, 1), targets.flatten(0, 1),
+                               args.kappa).view(L - burn_in, B)
+    # Reset steps (the action was ignored) and the burn-in are never trained on.
+    mask = (~b["reset_step"][burn_in:L]).float()
+    weights = torch.ones(B, device=device)
+    if probs is not None:  # importance sampling, normalized by the largest weight in the batch
+        w = (rb.num_valid() * probs) ** -args.importance_exponent
+        weights = torch.as_tensor(w / w.max(), dtype=torch.float32, device=device)
+    loss_value = (loss * mask * weights).sum() / mask.sum().clamp(min=1.0)
+    optimizer.zero_grad(set_to_none=True)
+    loss_value.backward()
+    nn.utils.clip_grad_norm_(network.parameters(), args.max_grad_norm)
+    optimizer.step()
+    if probs is not None:  # R2D2's sequence priority from the mean absolute sampled TD error of each step
+        td = ((targets.unsqueeze(2) - chosen.detach().unsqueeze(3)).abs().mean((2, 3)) * mask).cpu().numpy()
+        mean_td = td.sum(0) / np.maximum(mask.sum(0).cpu().numpy(), 1)
+        priority = args.priority_eta * td.max(0) + (1 - args.priority_eta) * mean_td
+        rb.update_priorities(ids, priority**args.priority_exponent + 1e-6)
+    return loss_value.detach(), (chosen.detach().mean(2) * mask).sum() / mask.sum().clamp(min=1.0)
+
+
 def make_video_env(env_id, mask_velocity, run_name):
     """One recorded gymnasium environment (envpool does not render)."""
     def thunk():
@@ -620,67 +681,6 @@ def main(args: Args) -> list[float]:
         print(f"evaluation over {len(scores)} games: mean score {np.mean(scores):.2f}")
     writer.close()
     return episode_returns
-
-
-def train_step(args, network, target_network, optimizer, rb, device):
-    """One update on batch_size sequences; returns the loss and mean Q as device tensors (no sync)."""
-    batch, initial_state, ids, probs = rb.sample(args.batch_size)
-    bounds = segment_bounds(batch["episode_start"])
-    b = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
-    inputs = {k: b[k] for k in ["obs", "last_action", "last_reward", "timestep", "episode_start"]}
-    T, B, L, n, burn_in = rb.window, args.batch_size, args.seq_len, args.n_step, args.burn_in
-    rand = lambda k: torch.rand(T, B, k, device=device)  # noqa: E731
-    with torch.no_grad():
-        target_quantiles, _ = target_network(**inputs, state=initial_state, taus=rand(args.num_target_quantiles),
-                                             bounds=bounds)
-        returns, discounts, bootstrap = n_step_targets(b["reward"], b["terminated"], b["truncated"], args.gamma, n)
-    taus, state = rand(args.num_quantiles), initial_state
-    if burn_in > 0:  # the burn-in only warms up the stored state: no gradient, no loss
-        with torch.no_grad():
-            _, state = network.core(**{k: v[:burn_in] for k, v in inputs.items()}, state=state, taus=taus[:burn_in],
-                                    bounds=[t for t in bounds if t < burn_in] + [burn_in])
-        bounds = [0] + [t - burn_in for t in bounds if t > burn_in]
-    features, _ = network.core(**{k: v[burn_in:] for k, v in inputs.items()}, state=state, taus=taus[burn_in:],
-                               bounds=bounds)
-    quantiles = network.head(features[: L - burn_in], taus[burn_in:L])  # (L - burn_in, B, N, A)
-    with torch.no_grad():
-        select_taus = rand(args.num_action_quantiles)
-        if args.iqn_before_lstm:  # the quantile samples enter the LSTM: the selection pass needs its own unroll
-            select_quantiles, _ = network(**inputs, state=initial_state, taus=select_taus, bounds=bounds)
-        else:  # reuse the LSTM features, new quantile samples in the head
-            select_quantiles = F.pad(network.head(features, select_taus[burn_in:]), (0, 0, 0, 0, 0, 0, burn_in, 0))
-        # Double Q: the online network picks the bootstrap action, the target network values it.
-        gather = lambda z: z.gather(0, bootstrap.view(L, B, 1, 1).expand(-1, -1, *z.shape[2:]))  # noqa: E731
-        next_actions = gather(select_quantiles).mean(2).argmax(2, keepdim=True)  # (L, B, 1)
-        next_quantiles = gather(target_quantiles).gather(
-            3, next_actions.unsqueeze(2).expand(-1, -1, args.num_target_quantiles, 1)).squeeze(3)  # (L, B, N')
-        if args.value_rescaling:
-            next_quantiles = inverse_value_rescale(next_quantiles)
-        targets = returns.unsqueeze(2) + discounts.unsqueeze(2) * next_quantiles
-        if args.value_rescaling:
-            targets = value_rescale(targets)
-        targets = targets[burn_in:]
-    actions = b["action"][burn_in:L].long()
-    chosen = quantiles.gather(3, actions.view(*actions.shape, 1, 1).expand(-1, -1, args.num_quantiles, 1)).squeeze(3)
-    loss = quantile_huber_loss(chosen.flatten(0, 1), taus[burn_in:L].flatten(0, 1), targets.flatten(0, 1),
-                               args.kappa).view(L - burn_in, B)
-    # Reset steps (the action was ignored) and the burn-in are never trained on.
-    mask = (~b["reset_step"][burn_in:L]).float()
-    weights = torch.ones(B, device=device)
-    if probs is not None:  # importance sampling, normalized by the largest weight in the batch
-        w = (rb.num_valid() * probs) ** -args.importance_exponent
-        weights = torch.as_tensor(w / w.max(), dtype=torch.float32, device=device)
-    loss_value = (loss * mask * weights).sum() / mask.sum().clamp(min=1.0)
-    optimizer.zero_grad(set_to_none=True)
-    loss_value.backward()
-    nn.utils.clip_grad_norm_(network.parameters(), args.max_grad_norm)
-    optimizer.step()
-    if probs is not None:  # R2D2's sequence priority from the mean absolute sampled TD error of each step
-        td = ((targets.unsqueeze(2) - chosen.detach().unsqueeze(3)).abs().mean((2, 3)) * mask).cpu().numpy()
-        mean_td = td.sum(0) / np.maximum(mask.sum(0).cpu().numpy(), 1)
-        priority = args.priority_eta * td.max(0) + (1 - args.priority_eta) * mean_td
-        rb.update_priorities(ids, priority**args.priority_exponent + 1e-6)
-    return loss_value.detach(), (chosen.detach().mean(2) * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 if __name__ == "__main__":
