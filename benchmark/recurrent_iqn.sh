@@ -12,9 +12,9 @@ if [ "${TRACK:-1}" = 1 ]; then TRACK_FLAG="--track --wandb-project-name cleanrl-
 
 # recurrent_iqn.py: CartPole with the velocities hidden (the default) and with full observations.
 python benchmark/launch.py --env-ids CartPole-v1 --seeds $SEEDS --workers "$WORKERS" -- \
-    python cleanrl/recurrent_iqn.py $TRACK_FLAG --exp-name recurrent_iqn_masked --mask-velocity
+    python cleanrl/recurrent_iqn.py $TRACK_FLAG
 python benchmark/launch.py --env-ids CartPole-v1 --seeds $SEEDS --workers "$WORKERS" -- \
-    python cleanrl/recurrent_iqn.py $TRACK_FLAG --no-mask-velocity
+    python cleanrl/recurrent_iqn.py $TRACK_FLAG --no-mask-velocity --exp-name recurrent_iqn_full_obs
 
 if [ "${ATARI:-1}" = 1 ]; then
     # Atari-57; the article ran 55 of them (no Defender, no Surround), envpool provides all 57.
