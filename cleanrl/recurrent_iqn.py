@@ -599,6 +599,8 @@ def main(args: Args) -> list[float]:
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # a network this small only pays synchronization for intra-op threads
 
     envs = make_env(args.env_id, args.num_envs, args.seed, args.mask_velocity, args.max_episode_steps)
     num_actions = int(envs.action_space.n)
