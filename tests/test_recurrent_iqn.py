@@ -1,0 +1,283 @@
+"""Tests of recurrent_iqn_atari.py and recurrent_iqn.py: the math against plain loops and hand-worked
+numbers, the sequence unroll and replay, the reset-step masking, smoke runs and a learning check."""
+
+import copy
+import glob
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from cleanrl import recurrent_iqn, recurrent_iqn_atari
+
+MODULES = [recurrent_iqn_atari, recurrent_iqn]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_quantile_huber_loss_matches_plain_loop(module):
+    torch.manual_seed(0)
+    B, N, M, kappa = 3, 4, 5, 1.0
+    quantiles, taus, targets = torch.randn(B, N) * 2, torch.rand(B, N), torch.randn(B, M) * 2
+    expected = torch.zeros(B)
+    for b in range(B):
+        for i in range(N):
+            row = 0.0
+            for j in range(M):
+                u = float(targets[b, j] - quantiles[b, i])
+                huber = 0.5 * u * u if abs(u) <= kappa else kappa * (abs(u) - 0.5 * kappa)
+                row += abs(float(taus[b, i]) - (1.0 if u < 0 else 0.0)) * huber / kappa
+            expected[b] += row / M
+    torch.testing.assert_close(module.quantile_huber_loss(quantiles, taus, targets, kappa), expected)
+    # hand-worked: one quantile 0 at tau 0.25, targets 2 and -0.5 -> 0.25 * 1.5 and 0.75 * 0.125, averaged
+    loss = module.quantile_huber_loss(torch.zeros(1, 1), torch.tensor([[0.25]]), torch.tensor([[2.0, -0.5]]))
+    assert loss.item() == pytest.approx((0.25 * 1.5 + 0.75 * 0.125) / 2)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_n_step_targets_stop_at_episode_ends(module):
+    g = 0.9
+    # one stream of 7 slots (n = 2 -> targets for the first 5): a time-out after slot 1, a termination after 4
+    reward = torch.tensor([1.0, 2.0, 0.0, 3.0, 4.0, 5.0, 6.0]).unsqueeze(1)
+    truncated = torch.tensor([0, 1, 0, 0, 0, 0, 0], dtype=torch.bool).unsqueeze(1)
+    terminated = torch.tensor([0, 0, 0, 0, 1, 0, 0], dtype=torch.bool).unsqueeze(1)
+    returns, discounts, bootstrap = module.n_step_targets(reward, terminated, truncated, g, 2)
+    # slot 2 is the final observation of the timed-out episode (its step is envpool's reset step, masked)
+    torch.testing.assert_close(returns[:, 0], torch.tensor([1 + g * 2, 2.0, 0 + g * 3, 3 + g * 4, 4.0]))
+    torch.testing.assert_close(discounts[:, 0], torch.tensor([g * g, g, g * g, 0.0, 0.0]))
+    # the time-out bootstraps from its final observation (slot 2); otherwise from t + n
+    assert bootstrap[:, 0].tolist()[:4] == [2, 2, 4, 5]
+    # without episode ends the target is the same sequence shifted by n
+    flat = torch.zeros(6, 3, dtype=torch.bool)
+    returns, discounts, bootstrap = module.n_step_targets(torch.ones(6, 3), flat, flat, g, 3)
+    assert (bootstrap == torch.arange(3).unsqueeze(1) + 3).all()
+    torch.testing.assert_close(discounts, torch.full((3, 3), g**3))
+    torch.testing.assert_close(returns, torch.full((3, 3), 1 + g + g * g))
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_actor_epsilons_and_base_schedule(module):
+    f = module.base_epsilon_schedule
+    assert f(0, 1000) == pytest.approx(0.4)
+    assert f(250, 1000) == pytest.approx(0.205)  # halfway through the decay
+    assert f(500, 1000) == pytest.approx(0.01) and f(1000, 1000) == pytest.approx(0.01)
+    eps = module.actor_epsilons(32, 0.4)
+    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.01)  # 0.4^8 = 0.00066 is floored
+    assert eps[10] == pytest.approx(max(0.4 ** (1 + 7 * 10 / 31), 0.01))
+    assert np.all(np.diff(eps) <= 0)
+    assert np.allclose(module.actor_epsilons(8, 0.01), 0.01)  # at the end every actor explores at the floor
+
+
+def small_args(module, **kw):
+    base = dict(lstm_size=8, hidden_size=8, quantile_embedding_dim=6, num_quantiles=3, num_target_quantiles=3,
+                num_action_quantiles=3, cuda=False)
+    if module is recurrent_iqn:
+        base.update(mask_velocity=True)
+    return module.Args(**{**base, **kw})
+
+
+def reference_unroll(lstm, x, h, c, episode_start):
+    """Step by step with the LSTM equations written out; the state is zeroed before each episode's first step."""
+    W_ih, W_hh, b = lstm.weight_ih_l0, lstm.weight_hh_l0, lstm.bias_ih_l0 + lstm.bias_hh_l0
+    outputs = []
+    for t in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            if episode_start[t, j]:
+                h, c = h.clone(), c.clone()
+                h[j], c[j] = 0.0, 0.0
+        i, f, g, o = (x[t] @ W_ih.T + h @ W_hh.T + b).chunk(4, 1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        outputs.append(h)
+    return torch.stack(outputs)
+
+
+def test_unroll_resets_state_exactly_at_episode_starts():
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(5, 7)
+    T, B = 9, 4
+    x, h0, c0 = torch.randn(T, B, 5), torch.randn(B, 7), torch.randn(B, 7)
+    start = np.zeros((T, B), dtype=bool)
+    start[0, 1], start[3, 0], start[3, 2], start[6, 2] = True, True, True, True
+    bounds = recurrent_iqn_atari.segment_bounds(start)
+    assert bounds == [0, 3, 6, 9]
+    keep = torch.as_tensor(~start).unsqueeze(-1).float()
+    out, _ = recurrent_iqn_atari.unroll_lstm(lstm, x, (h0, c0), keep, bounds)
+    torch.testing.assert_close(out, reference_unroll(lstm, x, h0, c0, start))
+    segmented, _ = recurrent_iqn_atari.unroll_lstm(lstm, x, (h0, c0), keep, bounds, segmented=True)  # GPU path
+    torch.testing.assert_close(segmented, out)
+    # at an episode start the output equals a fresh unroll from a zero state, and only there
+    zero = torch.zeros(1, 7)
+    for t in range(T):
+        for j in range(B):
+            fresh, _ = lstm(x[t : t + 1, j : j + 1], (zero[None], zero[None]))
+            assert torch.allclose(out[t, j], fresh[0, 0]) == bool(start[t, j]), (t, j)
+    # the merged (IQN before LSTM) unroll with K = 1 is the same recurrence
+    merged, _ = recurrent_iqn_atari.unroll_lstm_merged(lstm, x.unsqueeze(2), (h0, c0), keep)
+    torch.testing.assert_close(merged[:, :, 0], out)
+
+
+def test_merged_unroll_averages_state_over_quantile_samples():
+    torch.manual_seed(1)
+    lstm = torch.nn.LSTM(3, 4)
+    x, h, c = torch.randn(2, 1, 2, 3), torch.randn(1, 4), torch.randn(1, 4)
+    keep = torch.ones(2, 1, 1)
+    out, (h_end, c_end) = recurrent_iqn_atari.unroll_lstm_merged(lstm, x, (h, c), keep)
+    for t in range(2):  # by hand: run each sample from the shared state, then average the new states
+        hs, cs = [], []
+        for k in range(2):
+            o, (hk, ck) = lstm(x[t, :, k][None], (h[None], c[None]))
+            torch.testing.assert_close(out[t, 0, k], o[0, 0])
+            hs.append(hk[0]), cs.append(ck[0])
+        h, c = torch.stack(hs).mean(0), torch.stack(cs).mean(0)
+    torch.testing.assert_close(h_end, h)
+    torch.testing.assert_close(c_end, c)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_extra_lstm_inputs(module, monkeypatch):
+    args = small_args(module, max_episode_steps=100)
+    obs_shape = (1, 84, 84) if module is recurrent_iqn_atari else (2,)
+    net = module.QNetwork(3, args) if module is recurrent_iqn_atari else module.QNetwork(2, 3, args)
+    agent = module.Agent(net, 3, args, torch.device("cpu"))
+    seen = []
+    unroll = module.unroll_lstm
+    monkeypatch.setattr(module, "unroll_lstm", lambda lstm, x, *rest: seen.append(x.clone()) or unroll(lstm, x, *rest))
+    obs = np.zeros((3, *obs_shape), dtype=np.uint8 if module is recurrent_iqn_atari else np.float32)
+    agent.act(obs, 0.0)
+    assert torch.all(seen[-1][0, :, -5:] == 0)  # first frames: no last action, no reward, timestep 0
+    actions = np.array([2, 0, 1])
+    # env 0 continues, env 1 ends its life (reset step follows), env 2 takes a reward of 5 (clipped to 1)
+    agent.observe(actions, np.array([0.0, -3.0, 5.0]), np.zeros(3, bool), np.array([False, False, False]))
+    agent.act(obs, 0.0)
+    extras = seen[-1][0, :, -5:]
+    torch.testing.assert_close(extras[:, :3], torch.eye(3)[[2, 0, 1]])
+    torch.testing.assert_close(extras[:, 3], torch.tensor([0.0, -1.0, 1.0]))
+    torch.testing.assert_close(extras[:, 4], torch.full((3,), 0.01))
+    # env 1's game goes on (life loss): the reset step clears action and reward but not the timestep;
+    # env 2's game is over: after its reset step the timestep restarts
+    agent.observe(actions, np.ones(3), np.zeros(3, bool), np.array([False, False, True]))
+    agent.observe(actions, np.zeros(3), np.array([False, True, True]), np.zeros(3, bool))
+    assert agent.episode_start.tolist() == [False, True, True]
+    agent.act(obs, 0.0)
+    extras = seen[-1][0, :, -5:]
+    torch.testing.assert_close(extras[1], torch.tensor([0.0, 0.0, 0.0, 0.0, 0.02]))
+    torch.testing.assert_close(extras[2], torch.zeros(5))
+    torch.testing.assert_close(extras[0, 4], torch.tensor(0.03))
+
+
+def fill_replay(module, args, steps, reset_at=()):
+    """A replay with num_envs streams whose observation (and state) is the step count."""
+    rb = module.SequenceReplay(args, (2,), np.float32, args.lstm_size, torch.device("cpu"))
+    N = args.num_envs
+    for t in range(steps):
+        done = np.full(N, t + 1 in reset_at)
+        rb.add((torch.full((N, args.lstm_size), float(t)), torch.full((N, args.lstm_size), -float(t))),
+               obs=np.full((N, 2), t, np.float32), action=np.full(N, t % 3), reward=np.full(N, 1.0),
+               terminated=np.zeros(N, bool), truncated=done, reset_step=np.full(N, t in reset_at),
+               episode_start=np.full(N, t - 1 in reset_at), last_action=np.full(N, -1),
+               last_reward=np.zeros(N), timestep=np.zeros(N))
+    return rb
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_replay_windows_and_stored_state(prioritized):
+    module = recurrent_iqn
+    args = small_args(module, num_envs=2, seq_len=4, n_step=2, buffer_size=2 * 16, prioritized_replay=prioritized)
+    rb = fill_replay(module, args, 37)  # 16 slots per env ring: steps 21..36 are held
+    np.random.seed(0)
+    for _ in range(20):
+        batch, (h, c), ids, _ = rb.sample(8)
+        first = batch["obs"][0, :, 0]
+        assert np.all(first % 4 == 0) and np.all(first >= 21) and np.all(first + 5 <= 36)
+        # consecutive steps, n past the sequence: the target unroll is the same window shifted by n
+        assert np.all(batch["obs"][:, :, 0] == first + np.arange(6)[:, None])
+        assert torch.all(h == torch.as_tensor(first).unsqueeze(1)) and torch.all(c == -h)
+    assert rb.num_valid() == 2 * 2  # windows starting at 24 and 28 for each env (32 + 6 > 37)
+
+
+def test_sum_tree_samples_in_proportion():
+    tree = recurrent_iqn_atari.SumTree(5)
+    tree.update(np.arange(5), np.array([1.0, 0.0, 3.0, 0.0, 4.0]))
+    np.random.seed(0)
+    counts = np.zeros(5)
+    for _ in range(400):
+        index, probs = tree.sample(16)
+        np.add.at(counts, index, 1)
+        assert np.allclose(probs, np.array([1, 0, 3, 0, 4])[index] / 8)
+    assert counts[1] == counts[3] == 0
+    assert np.allclose(counts / counts.sum(), [1 / 8, 0, 3 / 8, 0, 4 / 8], atol=0.02)
+
+
+def test_reset_step_is_never_trained_on():
+    module = recurrent_iqn
+    args = small_args(module, num_envs=1, seq_len=6, n_step=2, batch_size=1, buffer_size=64)
+    torch.manual_seed(0)
+    net = module.QNetwork(2, 3, args)
+
+    def loss_with(action_at_5, reward_at_5, action_at_2=None):
+        rb = fill_replay(module, args, 8, reset_at=(5,))  # the step after slot 4 timed out; slot 5 is the reset step
+        rb.action[0, 5], rb.reward[0, 5] = action_at_5, reward_at_5
+        if action_at_2 is not None:
+            rb.action[0, 2] = action_at_2
+        online, target = copy.deepcopy(net), copy.deepcopy(net)
+        optimizer = torch.optim.SGD(online.parameters(), lr=0.0)
+        torch.manual_seed(1)
+        return module.train_step(args, online, target, optimizer, rb, torch.device("cpu"))[0].item()
+
+    base = loss_with(0, 1.0)
+    assert loss_with(2, 100.0) == pytest.approx(base, rel=1e-6)
+    assert loss_with(0, 1.0, action_at_2=1) != pytest.approx(base, rel=1e-6)  # a real step does count
+
+
+SMOKE = dict(total_timesteps=400, num_envs=4, buffer_size=400, seq_len=6, batch_size=4, learning_starts=160,
+             target_network_frequency=160, log_interval=2)
+OPTIONS = [{}, dict(prioritized_replay=True), dict(value_rescaling=True), dict(burn_in=2), dict(iqn_before_lstm=True),
+           dict(save_model=True, eval_episodes=2)]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(o) or "default")
+@pytest.mark.parametrize("module", MODULES, ids=["atari", "vector"])
+def test_smoke(module, options, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    extra = dict(max_episode_steps=80) if module is recurrent_iqn_atari else {}  # every env ends a game
+    returns = module.main(small_args(module, env_id="Breakout-v5" if module is recurrent_iqn_atari else "CartPole-v1",
+                                     **SMOKE, **extra, **options))
+    assert isinstance(returns, list) and len(returns) > 0 and all(math.isfinite(r) for r in returns)
+    assert len(glob.glob("runs/*/events.out.tfevents.*")) == 1
+    if options.get("save_model"):
+        assert len(glob.glob("runs/*/*.cleanrl_model")) == 1
+
+
+def test_track_works_offline(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    returns = recurrent_iqn.main(small_args(recurrent_iqn, track=True, **SMOKE))
+    assert len(returns) > 0 and glob.glob("wandb/offline-run-*")
+
+
+@pytest.mark.parametrize(
+    "module, options, flag",
+    [
+        (recurrent_iqn_atari, dict(env_id="NoSuchGame-v5"), "--env-id"),
+        (recurrent_iqn_atari, dict(burn_in=20), "--burn-in"),
+        (recurrent_iqn_atari, dict(buffer_size=100), "--buffer-size"),
+        (recurrent_iqn, dict(env_id="Acrobot-v1"), "--mask-velocity"),
+        (recurrent_iqn, dict(env_id="Pendulum-v1", mask_velocity=False), "--env-id"),
+        (recurrent_iqn, dict(n_step=0), "--n-step"),
+    ],
+)
+def test_invalid_arguments(module, options, flag):
+    with pytest.raises(SystemExit, match=flag):
+        module.main(module.Args(**options))
+
+
+@pytest.mark.learning
+def test_learns_cartpole(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # 30k steps take 1.7-2.9 minutes on a busy 2-core CPU (seed 1 scored 126 over its last 20 episodes);
+    # random play scores about 22 and the constant greedy policy of an agent that does not learn about 10.
+    returns = recurrent_iqn.main(recurrent_iqn.Args(cuda=False, mask_velocity=False, total_timesteps=30_000))
+    assert np.mean(returns[-20:]) >= 80
