@@ -507,6 +507,8 @@ def main(args: Args) -> list[float]:
         for episode, eval_score in enumerate(eval_scores):
             writer.add_scalar("eval/episodic_return", eval_score, episode)
     writer.close()
+    if args.track:
+        wandb.finish()
     return episode_scores
 
 

@@ -441,6 +441,8 @@ def main(args: Args) -> list[float]:
         for idx, score in enumerate(eval_scores):
             writer.add_scalar("eval/episodic_return", score, idx)
     writer.close()
+    if args.track:
+        wandb.finish()
     return scores
 
 

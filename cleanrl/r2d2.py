@@ -553,6 +553,8 @@ def main(args: Args) -> list[float]:
             writer.add_scalar("eval/episodic_return", score, i)
     envs.close()
     writer.close()
+    if args.track:
+        wandb.finish()
     return scores
 
 

@@ -682,6 +682,8 @@ def main(args: Args) -> list[float]:
             writer.add_scalar("eval/episodic_return", score, idx)
         print(f"evaluation over {len(scores)} games: mean score {np.mean(scores):.2f}")
     writer.close()
+    if args.track:
+        wandb.finish()
     return episode_returns
 
 

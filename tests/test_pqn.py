@@ -250,10 +250,6 @@ def test_pqn_learns_cartpole(monkeypatch, tmp_path):
     assert np.mean(scores[-100:]) >= 450, np.mean(scores[-100:])
 
 
-def test_track_works_offline(monkeypatch, tmp_path):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
+def test_track_works_offline(offline_wandb):
     pqn.main(pqn.Args(track=True, total_timesteps=1024, num_envs=8, num_steps=32))
-    assert list((tmp_path / "wandb").glob("offline-run-*"))
+    assert list(offline_wandb.glob("offline-run-*"))

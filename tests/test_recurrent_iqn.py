@@ -249,13 +249,9 @@ def test_smoke(module, options, tmp_path, monkeypatch):
         assert len(glob.glob("runs/*/*.cleanrl_model")) == 1
 
 
-def test_track_works_offline(monkeypatch, tmp_path):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
+def test_track_works_offline(offline_wandb):
     returns = recurrent_iqn.main(small_args(recurrent_iqn, track=True, **SMOKE))
-    assert len(returns) > 0 and glob.glob("wandb/offline-run-*")
+    assert len(returns) > 0 and list(offline_wandb.glob("offline-run-*"))
 
 
 @pytest.mark.parametrize(
