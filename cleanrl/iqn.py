@@ -49,7 +49,7 @@ class Args:
 
     env_id: str = "CartPole-v1"
     """the id of the envpool environment (classic control, vector observations)"""
-    total_timesteps: int = 100_000
+    total_timesteps: int = 200_000
     """total environment steps of the experiment, summed over the vectorized environments"""
     num_envs: int = 4
     """the number of parallel environments"""
@@ -69,7 +69,7 @@ class Args:
     """environment steps of uniform-random acting before learning starts"""
     train_frequency: int = 4
     """environment steps per gradient update"""
-    target_network_frequency: int = 50
+    target_network_frequency: int = 200
     """environment steps between copies of the online network into the target network"""
     start_e: float = 1.0
     """the starting epsilon of the epsilon-greedy exploration"""

@@ -51,11 +51,11 @@ class Args:
 
     env_id: str = "CartPole-v1"
     """the id of the envpool classic control environment"""
-    total_timesteps: int = 150_000
+    total_timesteps: int = 300_000
     """total agent steps over all environments"""
     mask_velocity: bool = True
     """hide the velocities of CartPole (observe cart position and pole angle only)"""
-    num_envs: int = 8
+    num_envs: int = 16
     """the number of parallel game environments (one actor epsilon each)"""
     buffer_size: int = 100_000
     """the replay memory size in transitions (each frame is stored once)"""
@@ -63,15 +63,15 @@ class Args:
     """the length of a replayed training sequence"""
     batch_size: int = 32
     """the number of sequences per training batch"""
-    replay_ratio: float = 16.0
-    """how many times each acted transition is replayed on average (32x20 batches: one update per 40 steps)"""
-    burn_in: int = 0
+    replay_ratio: float = 8.0
+    """how many times each acted transition is replayed on average (32x20 batches: one update per 80 steps)"""
+    burn_in: int = 10
     """the first steps of each sequence only warm up the recurrent state (no loss, no gradient); 0 = off"""
-    n_step: int = 2
+    n_step: int = 5
     """the number of steps of the multi-step return"""
     gamma: float = 0.99
     """the discount factor gamma"""
-    learning_rate: float = 1e-3
+    learning_rate: float = 5e-4
     """the learning rate of the Adam optimizer"""
     anneal_lr: bool = True
     """whether to anneal the learning rate linearly to 0 over training"""
@@ -83,9 +83,9 @@ class Args:
     """the number of agent steps between target network updates"""
     learning_starts: int = 2_000
     """the number of agent steps acted before learning starts"""
-    lstm_size: int = 64
+    lstm_size: int = 128
     """the size of the LSTM state"""
-    hidden_size: int = 64
+    hidden_size: int = 128
     """the width of the hidden layers of the advantage and value branches"""
     num_quantiles: int = 8
     """N: quantile samples of the online network in the loss"""
