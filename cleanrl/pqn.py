@@ -78,7 +78,7 @@ class Args:
     max_grad_norm: float = 10.0
     """the global norm the gradients are clipped to"""
     checkpoint_every: int = 0
-    """write a resumable checkpoint every this many agent steps and at the end (0: only when stopped by SIGINT/SIGTERM)"""
+    """write a resumable checkpoint every this many agent steps and at the end (0: only on SIGINT/SIGTERM)"""
     resume: Optional[str] = None
     """continue the run saved in this checkpoint, in the same run directory (and W&B run)"""
 
@@ -127,7 +127,7 @@ def validate_args(args: Args) -> None:
     if not 0.0 < args.exploration_fraction <= 1.0:
         raise SystemExit(f"error: --exploration-fraction={args.exploration_fraction}: must lie in (0, 1]")
     if args.checkpoint_every < 0:
-        raise SystemExit(f"error: --checkpoint-every={args.checkpoint_every}: must be at least 0 (0: no periodic checkpoints)")
+        raise SystemExit(f"error: --checkpoint-every={args.checkpoint_every}: must be at least 0 (0: only on a signal)")
     if args.resume is not None and not os.path.isfile(args.resume):
         raise SystemExit(f"error: --resume={args.resume}: no such file")
     # Observations are stored as float32 whatever the env's dtype (see `main`).
@@ -514,14 +514,17 @@ def main(args: Args) -> list[float]:
                     optimizer.zero_grad()
                     loss.backward()
                     # Raises before the step on a NaN/inf loss or Q-value: they all reach the gradient norm.
-                    nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm, error_if_nonfinite=True, foreach=True)
+                    nn.utils.clip_grad_norm_(
+                        q_network.parameters(), args.max_grad_norm, error_if_nonfinite=True, foreach=True
+                    )
                     optimizer.step()
         except RuntimeError as error:
             if "non-finite" not in str(error):
                 raise
             stop.restore()
             raise SystemExit(
-                f"error: non-finite loss or Q-values at step {global_step}; last good checkpoint: {last_checkpoint or 'none written'}"
+                f"error: non-finite loss or Q-values at step {global_step}; "
+                f"last good checkpoint: {last_checkpoint or 'none written'}"
             ) from None
 
         if iteration % 10 == 0 or iteration == num_iterations - 1:
@@ -538,11 +541,13 @@ def main(args: Args) -> list[float]:
                 print(f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {recent:8.2f} | ETA {eta:5.0f}s")
 
         # Checkpoints fall on iteration boundaries, where the rollout storage holds nothing that is still needed.
-        crossed = args.checkpoint_every > 0 and global_step // args.checkpoint_every > (global_step - batch_size) // args.checkpoint_every
-        if crossed or stop.requested or (args.checkpoint_every > 0 and iteration == num_iterations - 1):
+        every = args.checkpoint_every
+        crossed = every > 0 and global_step // every > (global_step - batch_size) // every
+        if crossed or stop.requested or (every > 0 and iteration == num_iterations - 1):
             last_checkpoint = write_checkpoint(iteration + 1)
         if stop.requested:
-            print(f"checkpoint written to {last_checkpoint}; resume with: python cleanrl/{os.path.basename(__file__)} --resume {last_checkpoint}")
+            script = f"cleanrl/{os.path.basename(__file__)}"
+            print(f"checkpoint written to {last_checkpoint}; resume with: python {script} --resume {last_checkpoint}")
             break
 
     if args.save_model and not stop.requested:

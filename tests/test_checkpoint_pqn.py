@@ -90,7 +90,7 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(monkeypatch, tmp_path)
     assert tb_returns(run_b) == tb_returns(only_run_dir(tmp_path / "a"))
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "other format"])
 def test_unreadable_checkpoint_gives_one_clear_message(damage, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "checkpoint.pt"
@@ -98,8 +98,10 @@ def test_unreadable_checkpoint_gives_one_clear_message(damage, monkeypatch, tmp_
         pqn.main(pqn.Args(**{**SMALL, "total_timesteps": 256, "checkpoint_every": 128}))
         data = (only_run_dir(tmp_path) / "checkpoint.pt").read_bytes()
         path.write_bytes(data[: len(data) // 2])
-    else:
+    elif damage == "garbage":
         path.write_bytes(b"this is not a checkpoint" * 100)
+    else:
+        torch.save({"format": 999, "network": {}}, path)
     with pytest.raises(SystemExit, match="--resume") as error:
         pqn.main(pqn.Args(resume=str(path)))
     assert "not a readable checkpoint" in str(error.value)
