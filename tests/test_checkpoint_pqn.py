@@ -181,3 +181,16 @@ def test_atari_sigint_checkpoint_and_exact_resume(module, monkeypatch, tmp_path)
     for name, weight in final_a["network"].items():
         assert torch.equal(weight, final_b["network"][name]), name
     assert scores_a == scores_b
+
+
+def test_tracked_resume_continues_the_same_wandb_run(offline_wandb, monkeypatch):
+    args = dict(track=True, total_timesteps=256, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1)
+    with monkeypatch.context() as patch:
+        interrupt_at_step(patch, pqn, k=5)
+        pqn.main(pqn.Args(**args))
+    path = only_run_dir(offline_wandb.parent) / "checkpoint.pt"
+    run_id = load(path)["wandb_id"]
+    pqn.main(pqn.Args(resume=str(path), track=True, checkpoint_every=256))
+    final = load(path)
+    assert final["global_step"] == 256 and final["wandb_id"] == run_id
+    assert len(list(offline_wandb.glob(f"offline-run-*-{run_id}"))) == 2
