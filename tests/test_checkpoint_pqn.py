@@ -1,6 +1,7 @@
 """Checkpoints, resume, signals, NaN guard and memory pre-flight of the PQN scripts."""
 
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +79,9 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(monkeypatch, tmp_path)
         pqn.main(pqn.Args(**SMALL))
     run_b = only_run_dir(tmp_path / "b")
     assert load(run_b / "checkpoint.pt")["global_step"] == 1024
+    # TensorBoard reads event files in name order: the wall-clock second, then a per-process writer counter that
+    # sorts "10" before "9". A real resume is a later process; here, wait for the next second.
+    time.sleep(1.0)
     scores_b = pqn.main(pqn.Args(resume=str(run_b / "checkpoint.pt"), checkpoint_every=1024))
     final_b = load(run_b / "checkpoint.pt")
 
