@@ -13,6 +13,7 @@ Docs: docs/rl-algorithms/pqn.md
 
 import os
 import random
+import signal
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -81,6 +82,31 @@ class Args:
     """the global norm the gradients are clipped to"""
     eval_epsilon: float = 0.05
     """the epsilon of the epsilon-greedy policy in `evaluate`"""
+    checkpoint_every: int = 0
+    """write a resumable checkpoint every this many agent steps and at the end (0: only on SIGINT/SIGTERM)"""
+    resume: Optional[str] = None
+    """continue the run saved in this checkpoint, in the same run directory (and W&B run)"""
+
+
+
+def available_memory_bytes() -> int:
+    """RAM the kernel says can be allocated without swapping (MemAvailable), else the free pages."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> int:
+    """Bytes of the rollout storage `main` allocates: (num_steps, num_envs) observations, then per step an int64
+    action, float32 reward, termination and max-Q, and a bool reset flag."""
+    steps = args.num_steps * args.num_envs
+    per_step = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 8 + 4 + 4 + 4 + 1
+    return steps * per_step
 
 
 def validate_args(args: Args) -> None:
@@ -110,6 +136,17 @@ def validate_args(args: Args) -> None:
         raise SystemExit(f"error: --gamma={args.gamma}: must lie in [0, 1]")
     if not 0.0 < args.exploration_fraction <= 1.0:
         raise SystemExit(f"error: --exploration-fraction={args.exploration_fraction}: must lie in (0, 1]")
+    if args.checkpoint_every < 0:
+        raise SystemExit(f"error: --checkpoint-every={args.checkpoint_every}: must be at least 0 (0: only on a signal)")
+    if args.resume is not None and not os.path.isfile(args.resume):
+        raise SystemExit(f"error: --resume={args.resume}: no such file")
+    needed = rollout_memory_bytes(args, spec.observation_space.shape, spec.observation_space.dtype)
+    available = available_memory_bytes()
+    if needed > available:
+        raise SystemExit(
+            f"error: --num-envs={args.num_envs} --num-steps={args.num_steps}: the rollout storage needs about "
+            f"{needed / 1e9:,.1f} GB but {available / 1e9:,.1f} GB are available; lower --num-envs or --num-steps"
+        )
 
 
 def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool = True, reward_clip: bool = True):
@@ -300,11 +337,109 @@ def evaluate(
     return scores
 
 
+CHECKPOINT_FORMAT = 1
+CHECKPOINT_KEYS = (
+    "format", "args", "run_name", "wandb_id", "global_step", "iteration", "network", "optimizer", "rng",
+    "all_scores", "episode_returns", "episode_lengths", "recent_returns", "next_obs", "next_is_reset_step", "action_log",
+    "next_episode_start", "lstm_state",
+)
+# Flags a resumed run takes from the command line; every other flag comes from the checkpoint.
+RESUME_FLAGS = ("resume", "checkpoint_every", "cuda", "track")
+
+
+class StopSignals:
+    """SIGINT/SIGTERM while training: the first asks the loop to stop (and checkpoint) after the current iteration,
+    a second exits at once. `restore` puts the previous handlers back, since tests call `main` in-process."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def handle(self, signum, frame):
+        if self.requested:
+            self.restore()
+            raise KeyboardInterrupt
+        self.requested = True
+        print("stopping after this step; a second signal exits at once")
+
+    def restore(self):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def rng_states() -> dict:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_checkpoint(state: dict, path: str) -> None:
+    """Writes to a temporary file first, so that a crash while writing leaves the previous checkpoint intact."""
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_checkpoint(path: str) -> dict:
+    """The checkpoint at `path`, or one clear message if it is truncated, corrupted or of another format."""
+    try:
+        # Not weights_only: the checkpoint holds numpy RNG states and arrays.
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"expected a dict of format {CHECKPOINT_FORMAT}")
+        missing = [key for key in CHECKPOINT_KEYS if key not in state]
+        if missing:
+            raise KeyError(f"missing {', '.join(missing)}")
+    except Exception as error:
+        raise SystemExit(f"error: --resume={path}: not a readable checkpoint ({type(error).__name__}: {error})")
+    return state
+
+
+def resumed_args(saved: dict, given: Args) -> Args:
+    """The checkpoint's flags, except those in RESUME_FLAGS; says which other given flags are ignored."""
+    args = Args(**saved)
+    defaults = Args()
+    for name, value in vars(given).items():
+        if name in RESUME_FLAGS:
+            setattr(args, name, value)
+        elif value != saved.get(name) and value != getattr(defaults, name):
+            print(f"--resume: ignoring --{name.replace('_', '-')}={value}; the checkpoint's value is {saved.get(name)}")
+    return args
+
+
+def replay_action_log(
+    envs, obs: np.ndarray, action_log: np.ndarray, expected_obs: np.ndarray, action_dtype: type
+) -> np.ndarray:
+    """Brings freshly seeded envs, just reset to `obs`, back to the checkpoint's state: envpool cannot save its
+    state, but it is deterministic given the seed and the actions. Returns the observation after the last step."""
+    print(f"resume: replaying {len(action_log)} logged environment steps")
+    for actions in action_log:
+        obs = envs.step(actions.astype(action_dtype))[0]
+    if not np.array_equal(obs, expected_obs):
+        raise SystemExit("error: environment replay diverged from the checkpoint (different envpool version or env id?)")
+    return obs
+
+
 def main(args: Args) -> list[float]:
     validate_args(args)
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
+    if checkpoint is not None:
+        args = resumed_args(checkpoint["args"], args)
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+    wandb_id = checkpoint["wandb_id"] if checkpoint else None
     if args.track:
         import wandb
 
@@ -315,11 +450,16 @@ def main(args: Args) -> list[float]:
             config=vars(args),
             name=run_name,
             save_code=True,
+            id=wandb_id,
+            resume="allow",
         )
-    writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text(
-        "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
-    )
+        wandb_id = wandb.run.id
+    # Every scalar of the iteration a checkpoint ends is logged at or before its step; later ones are dropped.
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+    if checkpoint is None:
+        writer.add_text(
+            "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+        )
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -343,17 +483,58 @@ def main(args: Args) -> list[float]:
     is_reset_step = np.zeros((args.num_steps, args.num_envs), dtype=bool)
     episode_start = np.zeros((args.num_steps, args.num_envs), dtype=bool)
     max_q = torch.zeros((args.num_steps, args.num_envs), device=device)
+    # Every action sent to the envs, so that a resumed run can rebuild them by replaying it.
+    action_log = np.zeros((num_iterations * args.num_steps, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
 
     stats = EpisodeStats(args.num_envs)
     all_scores: list[float] = []
-    global_step, start_time, last_print = 0, time.time(), time.time()
+    global_step, start_iteration, last_checkpoint = 0, 0, None
     next_obs = envs.reset()[0]
     next_is_reset_step = np.zeros(args.num_envs, dtype=bool)
     next_episode_start = np.ones(args.num_envs, dtype=bool)
     lstm_state = q_network.initial_state(args.num_envs, device)
+    if checkpoint is not None:
+        global_step, start_iteration, last_checkpoint = checkpoint["global_step"], checkpoint["iteration"], args.resume
+        q_network.load_state_dict(checkpoint["network"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        all_scores = list(checkpoint["all_scores"])
+        stats.returns[:], stats.lengths[:] = checkpoint["episode_returns"], checkpoint["episode_lengths"]
+        stats.recent.extend(checkpoint["recent_returns"])
+        next_is_reset_step = checkpoint["next_is_reset_step"].copy()
+        next_episode_start = checkpoint["next_episode_start"].copy()
+        lstm_state = tuple(tensor.to(device) for tensor in checkpoint["lstm_state"])
+        action_log[: len(checkpoint["action_log"])] = checkpoint["action_log"]
+        next_obs = replay_action_log(envs, next_obs, checkpoint["action_log"], checkpoint["next_obs"], actions.dtype)
+        set_rng_states(checkpoint["rng"])  # last: building the network and envs above drew from the generators
     epsilon_duration = args.exploration_fraction * args.total_timesteps
+    start_step, start_time, last_print = global_step, time.time(), time.time()
 
-    for iteration in range(num_iterations):
+    def write_checkpoint(iterations_done: int) -> str:
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "args": vars(args),
+            "run_name": run_name,
+            "wandb_id": wandb_id,
+            "global_step": global_step,
+            "iteration": iterations_done,
+            "network": q_network.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "rng": rng_states(),
+            "all_scores": all_scores,
+            "episode_returns": stats.returns,
+            "episode_lengths": stats.lengths,
+            "recent_returns": list(stats.recent),
+            "next_obs": next_obs,
+            "next_is_reset_step": next_is_reset_step,
+            "action_log": action_log[: iterations_done * args.num_steps],
+            "next_episode_start": next_episode_start,
+            "lstm_state": lstm_state,
+        }
+        save_checkpoint(state, checkpoint_path)
+        return checkpoint_path
+
+    stop = StopSignals()
+    for iteration in range(start_iteration, num_iterations):
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = (1.0 - iteration / num_iterations) * args.learning_rate
         # Exploration draws for the whole rollout at once: one epsilon per step, decayed by global step.
@@ -374,6 +555,7 @@ def main(args: Args) -> list[float]:
                 step_max_q, greedy = q_values[0].max(dim=1)
             max_q[step] = step_max_q
             actions[step] = np.where(explore[step], random_actions[step], greedy.cpu().numpy())
+            action_log[iteration * args.num_steps + step] = actions[step]
 
             next_obs, reward, terminated, truncated, info = envs.step(actions[step])
             rewards[step] = reward  # clipped; `terminated` includes life losses
@@ -400,23 +582,35 @@ def main(args: Args) -> list[float]:
         b_obs, b_actions, b_episode_start = to_device(obs), to_device(actions), to_device(episode_start)
         b_valid = to_device(~is_reset_step).float()
         envs_per_minibatch = args.num_envs // args.num_minibatches
-        for epoch in range(args.update_epochs):
-            env_inds = torch.randperm(args.num_envs, device=device)
-            for start in range(0, args.num_envs, envs_per_minibatch):
-                mb = env_inds[start : start + envs_per_minibatch]
-                mb_state = (rollout_initial_state[0][:, mb], rollout_initial_state[1][:, mb])
-                q_values, _ = q_network(b_obs[:, mb], mb_state, b_episode_start[:, mb])
-                q_taken = q_values.gather(2, b_actions[:, mb, None]).squeeze(2)
-                # Mean squared TD error over real transitions only: reset steps carry no learning signal.
-                valid = b_valid[:, mb]
-                loss = ((q_taken - returns[:, mb]) ** 2 * valid).sum() / valid.sum().clamp(min=1.0)
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm, foreach=True)
-                optimizer.step()
+        try:
+            for epoch in range(args.update_epochs):
+                env_inds = torch.randperm(args.num_envs, device=device)
+                for start in range(0, args.num_envs, envs_per_minibatch):
+                    mb = env_inds[start : start + envs_per_minibatch]
+                    mb_state = (rollout_initial_state[0][:, mb], rollout_initial_state[1][:, mb])
+                    q_values, _ = q_network(b_obs[:, mb], mb_state, b_episode_start[:, mb])
+                    q_taken = q_values.gather(2, b_actions[:, mb, None]).squeeze(2)
+                    # Mean squared TD error over real transitions only: reset steps carry no learning signal.
+                    valid = b_valid[:, mb]
+                    loss = ((q_taken - returns[:, mb]) ** 2 * valid).sum() / valid.sum().clamp(min=1.0)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    # Raises before the step on a NaN/inf loss or Q-value: they all reach the gradient norm.
+                    nn.utils.clip_grad_norm_(
+                        q_network.parameters(), args.max_grad_norm, error_if_nonfinite=True, foreach=True
+                    )
+                    optimizer.step()
+        except RuntimeError as error:
+            if "non-finite" not in str(error):
+                raise
+            stop.restore()
+            raise SystemExit(
+                f"error: non-finite loss or Q-values at step {global_step}; "
+                f"last good checkpoint: {last_checkpoint or 'none written'}"
+            ) from None
 
         if iteration % 10 == 0 or iteration == num_iterations - 1:
-            sps = int(global_step / (time.time() - start_time))
+            sps = int((global_step - start_step) / (time.time() - start_time))
             writer.add_scalar("losses/td_loss", loss.item(), global_step)
             writer.add_scalar("losses/q_values", q_taken.mean().item(), global_step)
             writer.add_scalar("charts/epsilon", float(step_epsilons[-1]), global_step)
@@ -428,7 +622,17 @@ def main(args: Args) -> list[float]:
                 eta = (args.total_timesteps - global_step) / max(sps, 1)
                 print(f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {recent:8.2f} | ETA {eta:5.0f}s")
 
-    if args.save_model:
+        # Checkpoints fall on iteration boundaries, where the rollout storage holds nothing that is still needed.
+        every = args.checkpoint_every
+        crossed = every > 0 and global_step // every > (global_step - batch_size) // every
+        if crossed or stop.requested or (every > 0 and iteration == num_iterations - 1):
+            last_checkpoint = write_checkpoint(iteration + 1)
+        if stop.requested:
+            script = f"cleanrl/{os.path.basename(__file__)}"
+            print(f"checkpoint written to {last_checkpoint}; resume with: python {script} --resume {last_checkpoint}")
+            break
+
+    if args.save_model and not stop.requested:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         torch.save(q_network.state_dict(), model_path)
         print(f"model saved to {model_path}")
@@ -442,6 +646,7 @@ def main(args: Args) -> list[float]:
     writer.close()
     if args.track:
         wandb.finish()
+    stop.restore()
     return all_scores
 
 
