@@ -128,11 +128,45 @@ def validate_args(args: Args) -> None:
         raise SystemExit(f"error: --env-id={args.env_id}: not an envpool environment id")
     if not isinstance(envpool.make_spec(args.env_id).action_space, gym.spaces.Discrete):
         raise SystemExit(f"error: --env-id={args.env_id}: needs a discrete action space")
+    # numpy allocates lazily, so an oversized buffer would only fail (or start swapping) hours into the run.
+    needed = replay_memory_bytes(args, envpool.make_spec(args.env_id).observation_space.shape,
+                                 buffer_obs_dtype(args.env_id))
+    available = available_memory_bytes()
+    if needed > available:
+        raise SystemExit(f"error: --buffer-size={args.buffer_size}: the replay needs about {needed / 1e9:,.1f} GB "
+                         f"but {available / 1e9:,.1f} GB are available; lower --buffer-size")
+
+
+def replay_memory_bytes(args: Args, obs_shape: tuple, obs_dtype) -> int:
+    """Bytes that PrioritizedReplayBuffer(args.buffer_size, ...) and NStepWindow will allocate: obs and next
+    obs, action (int64), return and discount (float32) per slot, two float64 segment trees, and the window."""
+    obs_bytes = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
+    num_leaves = 1 << max(1, (args.buffer_size - 1).bit_length())
+    per_transition = 2 * obs_bytes + 8 + 4 + 4
+    window = args.n_step * args.num_envs * (obs_bytes + 8 + 8) + args.num_envs * 8
+    return args.buffer_size * per_transition + 2 * (2 * num_leaves * 8) + window
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable of /proc/meminfo (free RAM plus reclaimable caches); free pages where it is missing."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def is_atari(env_id: str) -> bool:
     """Image observations (stacked 84x84 frames) mean an Atari game."""
     return len(envpool.make_spec(env_id).observation_space.shape) == 3
+
+
+def buffer_obs_dtype(env_id: str):
+    """Frames are stored as uint8, vectors as float32."""
+    return np.uint8 if is_atari(env_id) else np.float32
 
 
 def make_env(env_id: str, num_envs: int, seed: int, training: bool = True):
@@ -411,7 +445,7 @@ def main(args: Args) -> list[float]:
 
     envs = make_env(args.env_id, args.num_envs, args.seed)
     obs_shape, num_actions = envs.observation_space.shape, envs.action_space.n
-    obs_dtype = np.uint8 if is_atari(args.env_id) else np.float32
+    obs_dtype = buffer_obs_dtype(args.env_id)
     q_network = DuelingQNetwork(obs_shape, num_actions, args.hidden_size).to(device)
     target_network = DuelingQNetwork(obs_shape, num_actions, args.hidden_size).to(device)
     target_network.load_state_dict(q_network.state_dict())
