@@ -201,3 +201,14 @@ def test_atari_sigint_checkpoint_and_resume_smoke(tmp_path, monkeypatch):
     assert checkpoint["replay"]["obs"].dtype == torch.uint8 and checkpoint["replay"]["size"] > 0
     main(Args(resume=path, checkpoint_every=48))
     assert load(path)["global_step"] == 96
+
+
+def test_tracked_resume_continues_the_same_wandb_run(offline_wandb, monkeypatch):
+    with monkeypatch.context() as patch:
+        interrupt_at_step(patch, 20)
+        main(Args(**dict(SMALL, total_timesteps=200), track=True))
+    path = only_checkpoint()
+    saved_id = load(path)["wandb_id"]
+    assert saved_id is not None
+    main(Args(resume=path, track=True, checkpoint_every=100))
+    assert load(path)["wandb_id"] == saved_id and load(path)["global_step"] == 200
