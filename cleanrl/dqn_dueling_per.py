@@ -10,9 +10,12 @@ Schaul et al. 2016 (arXiv:1511.05952).
 Docs: docs/rl-algorithms/dqn_dueling_per.md
 """
 
+import contextlib
 import os
 import random
+import signal
 import time
+import types
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -89,6 +92,12 @@ class Args:
     """the global gradient-norm clip"""
     hidden_size: int = 128
     """the width of the MLP torso and of each dueling stream (vector observations only)"""
+    checkpoint_every: int = 0
+    """write a resumable checkpoint every this many agent steps (0: only on SIGINT/SIGTERM)"""
+    checkpoint_replay: bool = False
+    """also store the replay buffer in checkpoints (large, but the resumed run is then exact)"""
+    resume: Optional[str] = None
+    """continue the run saved in this checkpoint, in the same run directory (and W&B run)"""
 
 
 def validate_args(args: Args) -> None:
@@ -120,6 +129,7 @@ def validate_args(args: Args) -> None:
          "a number in (0, 1]"),
         ("start-e", args.start_e, 0.0 <= args.start_e <= 1.0, "a number in [0, 1]"),
         ("end-e", args.end_e, 0.0 <= args.end_e <= 1.0, "a number in [0, 1]"),
+        ("checkpoint-every", args.checkpoint_every, args.checkpoint_every >= 0, "an integer >= 0"),
     ]
     for flag, value, ok, allowed in checks:
         if not ok:
@@ -128,11 +138,47 @@ def validate_args(args: Args) -> None:
         raise SystemExit(f"error: --env-id={args.env_id}: not an envpool environment id")
     if not isinstance(envpool.make_spec(args.env_id).action_space, gym.spaces.Discrete):
         raise SystemExit(f"error: --env-id={args.env_id}: needs a discrete action space")
+    if args.resume is not None and not os.path.isfile(args.resume):
+        raise SystemExit(f"error: --resume={args.resume}: no such file")
+    # numpy allocates lazily, so an oversized buffer would only fail (or start swapping) hours into the run.
+    needed = replay_memory_bytes(args, envpool.make_spec(args.env_id).observation_space.shape,
+                                 buffer_obs_dtype(args.env_id))
+    available = available_memory_bytes()
+    if needed > available:
+        raise SystemExit(f"error: --buffer-size={args.buffer_size}: the replay needs about {needed / 1e9:,.1f} GB "
+                         f"but {available / 1e9:,.1f} GB are available; lower --buffer-size")
+
+
+def replay_memory_bytes(args: Args, obs_shape: tuple, obs_dtype) -> int:
+    """Bytes that PrioritizedReplayBuffer(args.buffer_size, ...) and NStepWindow will allocate: obs and next
+    obs, action (int64), return and discount (float32) per slot, two float64 segment trees, and the window."""
+    obs_bytes = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
+    num_leaves = 1 << max(1, (args.buffer_size - 1).bit_length())
+    per_transition = 2 * obs_bytes + 8 + 4 + 4
+    window = args.n_step * args.num_envs * (obs_bytes + 8 + 8) + args.num_envs * 8
+    return args.buffer_size * per_transition + 2 * (2 * num_leaves * 8) + window
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable of /proc/meminfo (free RAM plus reclaimable caches); free pages where it is missing."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def is_atari(env_id: str) -> bool:
     """Image observations (stacked 84x84 frames) mean an Atari game."""
     return len(envpool.make_spec(env_id).observation_space.shape) == 3
+
+
+def buffer_obs_dtype(env_id: str):
+    """Frames are stored as uint8, vectors as float32."""
+    return np.uint8 if is_atari(env_id) else np.float32
 
 
 def make_env(env_id: str, num_envs: int, seed: int, training: bool = True):
@@ -280,6 +326,21 @@ class PrioritizedReplayBuffer:
         self.sum_tree.update(indices, scaled)
         self.min_tree.update(indices, scaled)
 
+    def state_dict(self) -> dict:
+        """Everything sampling depends on. The filled slots only, as tensors: torch.save writes tensor
+        storage straight to the file, where pickling a numpy array would first copy it in memory."""
+        filled = {name: torch.from_numpy(getattr(self, name)[: self.size])
+                  for name in ("obs", "next_obs", "actions", "returns", "discounts")}
+        return dict(filled, sum_tree=self.sum_tree.nodes.copy(), min_tree=self.min_tree.nodes.copy(),
+                    max_priority=self.max_priority, pos=self.pos, size=self.size)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos, self.size, self.max_priority = state["pos"], state["size"], state["max_priority"]
+        for name in ("obs", "next_obs", "actions", "returns", "discounts"):
+            getattr(self, name)[: self.size] = state[name].numpy()
+        self.sum_tree.nodes[:] = state["sum_tree"]
+        self.min_tree.nodes[:] = state["min_tree"]
+
 
 def importance_weights(scaled_priorities: np.ndarray, min_scaled_priority: float, beta: float) -> np.ndarray:
     """w_i = (N P(i))^-beta / max_j (N P(j))^-beta = (p_i^alpha / min_j p_j^alpha)^-beta: N and the
@@ -320,12 +381,26 @@ class NStepWindow:
         self.length = np.where(ended, 0, self.length - (self.length == self.n))
         return self.obs[k, env], self.actions[k, env], returns, discounts, next_obs[env]
 
+    def state_dict(self) -> dict:
+        return dict(obs=self.obs.copy(), actions=self.actions.copy(), rewards=self.rewards.copy(),
+                    length=self.length.copy())
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in ("obs", "actions", "rewards", "length"):
+            getattr(self, name)[...] = state[name]
+
 
 def double_q_targets(returns, discounts, next_q_online, next_q_target) -> torch.Tensor:
     """y = R + gamma^k (1 - d) Q_target(s', argmax_a Q_online(s', a)).
     returns, discounts: (B,); next_q_online, next_q_target: (B, A) -> (B,)."""
     next_actions = next_q_online.argmax(dim=1, keepdim=True)
     return returns + discounts * next_q_target.gather(1, next_actions).squeeze(1)
+
+
+def weighted_huber_loss(q_taken, targets, weights) -> torch.Tensor:
+    """Importance weights scale each sample's Huber loss, i.e. its share of the gradient.
+    q_taken, targets, weights: (B,) -> scalar."""
+    return (weights * F.smooth_l1_loss(q_taken, targets, reduction="none")).mean()
 
 
 def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
@@ -392,124 +467,286 @@ def evaluate_with_video(model, env_id, eval_episodes, device, epsilon, seed, run
     return scores
 
 
-def main(args: Args) -> list[float]:
-    validate_args(args)
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if args.track:
-        import wandb
+CHECKPOINT_FORMAT = 1
+CHECKPOINT_KEYS = {"format", "args", "run_name", "wandb_id", "iteration", "global_step", "last_target_update",
+                   "q_network", "target_network", "optimizer", "rng", "episode_scores", "score", "length",
+                   "is_reset_step", "obs", "window", "action_log", "losses", "q_means", "replay"}
+# These keep their command-line value on --resume; every other flag comes from the checkpoint.
+RESUME_OVERRIDES = ("resume", "checkpoint_every", "cuda", "track")
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True)
-    writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+@contextlib.contextmanager
+def stop_on_signals():
+    """The first SIGINT/SIGTERM asks the loop to checkpoint and stop after the current step; a second one
+    exits at once. The previous handlers come back on exit, since tests call main in-process."""
+    stop = types.SimpleNamespace(requested=False)
 
-    envs = make_env(args.env_id, args.num_envs, args.seed)
-    obs_shape, num_actions = envs.observation_space.shape, envs.action_space.n
-    obs_dtype = np.uint8 if is_atari(args.env_id) else np.float32
-    q_network = DuelingQNetwork(obs_shape, num_actions, args.hidden_size).to(device)
-    target_network = DuelingQNetwork(obs_shape, num_actions, args.hidden_size).to(device)
-    target_network.load_state_dict(q_network.state_dict())
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
-    rb = PrioritizedReplayBuffer(args.buffer_size, obs_shape, obs_dtype, args.alpha, seed=args.seed)
-    window = NStepWindow(args.n_step, args.num_envs, obs_shape, obs_dtype, args.gamma)
+    def handler(signum, frame):
+        if stop.requested:
+            raise KeyboardInterrupt
+        stop.requested = True
+        print("stopping after this step; a second signal exits at once", flush=True)
 
-    episode_scores: list[float] = []
-    score = np.zeros(args.num_envs)
-    length = np.zeros(args.num_envs, dtype=np.int64)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old_handler in previous.items():
+            signal.signal(sig, old_handler)
+
+
+def rng_states(replay_rng: np.random.Generator) -> dict:
+    return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
+                cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                replay=replay_rng.bit_generator.state)
+
+
+def restore_rng_states(states: dict, replay_rng: np.random.Generator) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    replay_rng.bit_generator.state = states["replay"]
+
+
+def write_checkpoint(path: str, state: dict) -> None:
+    """Atomic: a crash while writing leaves the previous checkpoint intact."""
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_checkpoint(path: str) -> dict:
+    def unreadable(reason):
+        return SystemExit(f"error: --resume={path}: not a readable checkpoint ({reason})")
+
+    try:
+        # weights_only=False: the checkpoint holds numpy RNG states; only load checkpoints you wrote.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # a truncated or garbage file can fail in many ways inside torch/pickle
+        raise unreadable(f"{type(error).__name__}: {error}") from None
+    if not isinstance(checkpoint, dict):
+        raise unreadable(f"holds a {type(checkpoint).__name__}, not a dict")
+    if checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise unreadable(f"format {checkpoint.get('format')!r}, expected {CHECKPOINT_FORMAT}")
+    missing = CHECKPOINT_KEYS - checkpoint.keys()
+    if missing:
+        raise unreadable(f"missing {', '.join(sorted(missing))}")
+    return checkpoint
+
+
+def resumed_args(given: Args, saved: dict) -> Args:
+    """The checkpoint's flags, except RESUME_OVERRIDES from the command line; says which given flags
+    (those that differ from the defaults) are ignored because they differ from the checkpoint."""
+    defaults, fields = vars(Args()), vars(given)
+    saved = {k: v for k, v in saved.items() if k in fields}
+    ignored = [k for k, v in fields.items()
+               if k not in RESUME_OVERRIDES and v != defaults[k] and v != saved.get(k, defaults[k])]
+    if ignored:
+        print("--resume: ignoring flags that differ from the checkpoint: "
+              + ", ".join(f"--{k.replace('_', '-')}={fields[k]}" for k in ignored))
+    return Args(**{**saved, **{k: fields[k] for k in RESUME_OVERRIDES}})
+
+
+def replay_actions(envs, action_log: np.ndarray) -> np.ndarray:
+    """Brings freshly reset envs back to where the checkpoint left them: envpool cannot save its state,
+    but it is deterministic given its seed and the actions. Returns the last observation."""
+    print(f"--resume: replaying {len(action_log)} logged environment steps ({len(action_log) * envs.num_envs} "
+          "agent steps) to restore the environments")
     obs, _ = envs.reset()
-    is_reset_step = np.zeros(args.num_envs, dtype=bool)
-    num_iterations = args.total_timesteps // args.num_envs
-    steps_per_update = args.train_frequency // args.num_envs
-    start_time = last_print = time.time()
-    last_target_update = 0
-    losses, q_means = [], []
+    for actions in action_log:
+        obs, *_ = envs.step(actions.astype(np.int64))
+    return obs
 
-    for iteration in range(1, num_iterations + 1):
-        global_step = iteration * args.num_envs
-        epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
-        with torch.no_grad():
-            actions = q_network(torch.as_tensor(obs, device=device)).argmax(dim=1).cpu().numpy()
-        explore = np.random.rand(args.num_envs) < epsilon
-        actions = np.where(explore, np.random.randint(num_actions, size=args.num_envs), actions)
-        next_obs, rewards, terminated, truncated, info = envs.step(actions)
 
-        # True game score: unclipped, over all lives, ended by game over or time-out.
-        is_real = ~is_reset_step
-        score += np.where(is_real, info["reward"] if "reward" in info else rewards, 0.0)
-        length += is_real
-        game_over = is_real & ((info["terminated"].astype(bool) if "lives" in info else terminated) | truncated)
-        for env in np.flatnonzero(game_over):
-            episode_scores.append(float(score[env]))
-            writer.add_scalar("charts/episodic_return", score[env], global_step)
-            writer.add_scalar("charts/episodic_length", length[env], global_step)
-        score[game_over], length[game_over] = 0.0, 0
+def main(args: Args) -> list[float]:
+    with stop_on_signals() as stop:
+        validate_args(args)
+        checkpoint = None
+        if args.resume is not None:
+            checkpoint = load_checkpoint(args.resume)
+            args = resumed_args(args, checkpoint["args"])
+            validate_args(args)  # the memory pre-flight, now for the checkpoint's buffer size
+        run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        run_dir = f"runs/{run_name}"
+        checkpoint_path = f"{run_dir}/checkpoint.pt"
+        wandb_id = None
+        if args.track:
+            import wandb
 
-        rb.add(*window.push(obs, actions, rewards, terminated, truncated, next_obs, is_real))
-        obs = next_obs
-        is_reset_step = terminated | truncated
+            saved_id = checkpoint["wandb_id"] if checkpoint else None
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=vars(args), name=run_name, save_code=True, id=saved_id,
+                       resume="allow" if saved_id else None)
+            wandb_id = wandb.run.id
+        if checkpoint:
+            # purge_step drops the events a killed run logged after its checkpoint's step (those at the
+            # step itself belong to the checkpoint and are not logged again).
+            writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1)
+        else:
+            writer = SummaryWriter(run_dir)
+            writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
 
-        if global_step > args.learning_starts and iteration % steps_per_update == 0:
-            beta = linear_schedule(args.beta_start, 1.0, args.total_timesteps, global_step)
-            batch, indices, weights = rb.sample(args.batch_size, beta)
-            b_obs, b_actions, b_returns, b_discounts, b_next_obs = (torch.as_tensor(x, device=device) for x in batch)
-            # One online pass over obs and next obs: for small networks the per-call overhead dominates.
-            q_online, next_q_online = q_network(torch.cat([b_obs, b_next_obs])).split(args.batch_size)
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+        envs = make_env(args.env_id, args.num_envs, args.seed)
+        obs_shape, num_actions = envs.observation_space.shape, envs.action_space.n
+        obs_dtype = buffer_obs_dtype(args.env_id)
+        q_network = DuelingQNetwork(obs_shape, num_actions, args.hidden_size).to(device)
+        target_network = DuelingQNetwork(obs_shape, num_actions, args.hidden_size).to(device)
+        target_network.load_state_dict(q_network.state_dict())
+        optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
+        rb = PrioritizedReplayBuffer(args.buffer_size, obs_shape, obs_dtype, args.alpha, seed=args.seed)
+        window = NStepWindow(args.n_step, args.num_envs, obs_shape, obs_dtype, args.gamma)
+
+        num_iterations = args.total_timesteps // args.num_envs
+        steps_per_update = args.train_frequency // args.num_envs
+        # Every envs.step's actions, so that a resumed run can bring the envs back by replaying them.
+        action_log = np.zeros((num_iterations, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
+        episode_scores: list[float] = []
+        score = np.zeros(args.num_envs)
+        length = np.zeros(args.num_envs, dtype=np.int64)
+        is_reset_step = np.zeros(args.num_envs, dtype=bool)
+        start_iteration, last_target_update, learning_starts = 1, 0, args.learning_starts
+        losses, q_means = [], []
+        if checkpoint:
+            start_iteration = checkpoint["iteration"] + 1
+            q_network.load_state_dict(checkpoint["q_network"])
+            target_network.load_state_dict(checkpoint["target_network"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            window.load_state_dict(checkpoint["window"])
+            episode_scores = list(checkpoint["episode_scores"])
+            score, length, is_reset_step = checkpoint["score"], checkpoint["length"], checkpoint["is_reset_step"]
+            last_target_update = checkpoint["last_target_update"]
+            losses, q_means = list(checkpoint["losses"]), list(checkpoint["q_means"])
+            if checkpoint["replay"] is not None:
+                rb.load_state_dict(checkpoint["replay"])
+            else:  # an empty buffer: act for another learning_starts steps before sampling from it
+                learning_starts = checkpoint["global_step"] + args.learning_starts
+            action_log[: checkpoint["iteration"]] = checkpoint["action_log"]
+            obs = replay_actions(envs, checkpoint["action_log"])
+            if not np.array_equal(obs, checkpoint["obs"]):
+                raise SystemExit(f"error: --resume={args.resume}: environment replay diverged from the checkpoint "
+                                 "(different envpool version or platform?)")
+            restore_rng_states(checkpoint["rng"], rb.rng)  # last: building the networks consumed random numbers
+            print(f"--resume: continuing {run_name} from step {checkpoint['global_step']}")
+        else:
+            obs, _ = envs.reset()
+        global_step = (start_iteration - 1) * args.num_envs
+        last_checkpoint = None
+        start_time = last_print = time.time()
+        start_step = global_step
+
+        def checkpoint_state() -> dict:
+            return dict(
+                format=CHECKPOINT_FORMAT, args=vars(args), run_name=run_name, wandb_id=wandb_id,
+                iteration=iteration, global_step=global_step, last_target_update=last_target_update,
+                q_network=q_network.state_dict(), target_network=target_network.state_dict(),
+                optimizer=optimizer.state_dict(), rng=rng_states(rb.rng), episode_scores=list(episode_scores),
+                score=score.copy(), length=length.copy(), is_reset_step=is_reset_step.copy(), obs=obs.copy(),
+                window=window.state_dict(), action_log=action_log[:iteration].copy(), losses=list(losses),
+                q_means=list(q_means), replay=rb.state_dict() if args.checkpoint_replay else None,
+            )
+
+        for iteration in range(start_iteration, num_iterations + 1):
+            global_step = iteration * args.num_envs
+            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
             with torch.no_grad():
-                targets = double_q_targets(b_returns, b_discounts, next_q_online, target_network(b_next_obs))
-            q_taken = q_online.gather(1, b_actions[:, None]).squeeze(1)
-            td_errors = targets - q_taken
-            # Importance weights scale each sample's Huber loss, i.e. its share of the gradient.
-            loss = (torch.as_tensor(weights, device=device) * F.smooth_l1_loss(q_taken, targets, reduction="none")).mean()
-            if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
-            optimizer.step()
-            rb.update_priorities(indices, td_errors.detach().abs().cpu().numpy() + args.priority_eps)
-            losses.append(loss.detach())
-            q_means.append(q_taken.detach().mean())
+                actions = q_network(torch.as_tensor(obs, device=device)).argmax(dim=1).cpu().numpy()
+            explore = np.random.rand(args.num_envs) < epsilon
+            actions = np.where(explore, np.random.randint(num_actions, size=args.num_envs), actions)
+            action_log[iteration - 1] = actions
+            next_obs, rewards, terminated, truncated, info = envs.step(actions)
 
-            if global_step - last_target_update >= args.target_network_frequency:
-                target_network.load_state_dict(q_network.state_dict())
-                last_target_update = global_step
-            if len(losses) == 100:
-                writer.add_scalar("losses/td_loss", torch.stack(losses).mean().item(), global_step)
-                writer.add_scalar("losses/q_values", torch.stack(q_means).mean().item(), global_step)
-                writer.add_scalar("charts/beta", beta, global_step)
-                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-                writer.add_scalar("charts/epsilon", epsilon, global_step)
-                sps = int(global_step / (time.time() - start_time))
-                writer.add_scalar("charts/SPS", sps, global_step)
-                losses, q_means = [], []
+            # True game score: unclipped, over all lives, ended by game over or time-out.
+            is_real = ~is_reset_step
+            score += np.where(is_real, info["reward"] if "reward" in info else rewards, 0.0)
+            length += is_real
+            game_over = is_real & ((info["terminated"].astype(bool) if "lives" in info else terminated) | truncated)
+            for env in np.flatnonzero(game_over):
+                episode_scores.append(float(score[env]))
+                writer.add_scalar("charts/episodic_return", score[env], global_step)
+                writer.add_scalar("charts/episodic_length", length[env], global_step)
+            score[game_over], length[game_over] = 0.0, 0
 
-        if time.time() - last_print > 10 or iteration == num_iterations:
-            last_print = time.time()
-            sps = int(global_step / (last_print - start_time))
-            mean = np.mean(episode_scores[-100:]) if episode_scores else float("nan")
-            eta = time.strftime("%H:%M:%S", time.gmtime((args.total_timesteps - global_step) / max(sps, 1)))
-            print(f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {mean:8.2f} | ETA {eta}")
+            rb.add(*window.push(obs, actions, rewards, terminated, truncated, next_obs, is_real))
+            obs = next_obs
+            is_reset_step = terminated | truncated
 
-    envs.close()
-    if args.save_model:
-        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-        torch.save(q_network.state_dict(), model_path)
-        print(f"model saved to {model_path}")
-        eval_scores = evaluate(model_path, args.env_id, args.eval_episodes, device, epsilon=0.05,
-                               hidden_size=args.hidden_size, seed=args.seed + 1,
-                               capture_video=args.capture_video, run_name=run_name)
-        for episode, eval_score in enumerate(eval_scores):
-            writer.add_scalar("eval/episodic_return", eval_score, episode)
-    writer.close()
-    if args.track:
-        wandb.finish()
-    return episode_scores
+            if global_step > learning_starts and iteration % steps_per_update == 0:
+                beta = linear_schedule(args.beta_start, 1.0, args.total_timesteps, global_step)
+                batch, indices, weights = rb.sample(args.batch_size, beta)
+                b_obs, b_actions, b_returns, b_discounts, b_next_obs = (torch.as_tensor(x, device=device) for x in batch)
+                # One online pass over obs and next obs: for small networks the per-call overhead dominates.
+                q_online, next_q_online = q_network(torch.cat([b_obs, b_next_obs])).split(args.batch_size)
+                with torch.no_grad():
+                    targets = double_q_targets(b_returns, b_discounts, next_q_online, target_network(b_next_obs))
+                q_taken = q_online.gather(1, b_actions[:, None]).squeeze(1)
+                td_errors = targets - q_taken
+                loss = weighted_huber_loss(q_taken, targets, torch.as_tensor(weights, device=device))
+                if args.anneal_lr:
+                    optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
+                optimizer.zero_grad()
+                loss.backward()
+                try:  # a NaN/inf loss or Q-value reaches the gradient norm: stop before it reaches the weights
+                    nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm, error_if_nonfinite=True)
+                except RuntimeError:
+                    raise SystemExit(f"error: non-finite loss or Q-values at step {global_step}; "
+                                     f"last good checkpoint: {last_checkpoint or 'none written'}") from None
+                optimizer.step()
+                rb.update_priorities(indices, td_errors.detach().abs().cpu().numpy() + args.priority_eps)
+                losses.append(loss.detach())
+                q_means.append(q_taken.detach().mean())
+
+                if global_step - last_target_update >= args.target_network_frequency:
+                    target_network.load_state_dict(q_network.state_dict())
+                    last_target_update = global_step
+                if len(losses) == 100:
+                    writer.add_scalar("losses/td_loss", torch.stack(losses).mean().item(), global_step)
+                    writer.add_scalar("losses/q_values", torch.stack(q_means).mean().item(), global_step)
+                    writer.add_scalar("charts/beta", beta, global_step)
+                    writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+                    writer.add_scalar("charts/epsilon", epsilon, global_step)
+                    sps = int((global_step - start_step) / (time.time() - start_time))
+                    writer.add_scalar("charts/SPS", sps, global_step)
+                    losses, q_means = [], []
+
+            if time.time() - last_print > 10 or iteration == num_iterations:
+                last_print = time.time()
+                sps = int((global_step - start_step) / (last_print - start_time))
+                mean = np.mean(episode_scores[-100:]) if episode_scores else float("nan")
+                eta = time.strftime("%H:%M:%S", time.gmtime((args.total_timesteps - global_step) / max(sps, 1)))
+                print(f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {mean:8.2f} | ETA {eta}")
+
+            every = args.checkpoint_every
+            periodic = every > 0 and (global_step // every > (global_step - args.num_envs) // every
+                                      or iteration == num_iterations)
+            if periodic or stop.requested:
+                write_checkpoint(checkpoint_path, checkpoint_state())
+                last_checkpoint = checkpoint_path
+            if stop.requested:
+                print(f"checkpoint written to {checkpoint_path}; continue with: "
+                      f"python cleanrl/dqn_dueling_per.py --resume {checkpoint_path}")
+                break
+
+        envs.close()
+        if args.save_model and not stop.requested:
+            model_path = f"{run_dir}/{args.exp_name}.cleanrl_model"
+            torch.save(q_network.state_dict(), model_path)
+            print(f"model saved to {model_path}")
+            eval_scores = evaluate(model_path, args.env_id, args.eval_episodes, device, epsilon=0.05,
+                                   hidden_size=args.hidden_size, seed=args.seed + 1,
+                                   capture_video=args.capture_video, run_name=run_name)
+            for episode, eval_score in enumerate(eval_scores):
+                writer.add_scalar("eval/episodic_return", eval_score, episode)
+        writer.close()
+        if args.track:
+            wandb.finish()
+        return episode_scores
 
 
 if __name__ == "__main__":

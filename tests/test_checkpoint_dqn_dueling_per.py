@@ -1,0 +1,214 @@
+"""Checkpoints, resume, signals, non-finite losses and the memory pre-flight of dqn_dueling_per.py."""
+
+import glob
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+import cleanrl.dqn_dueling_per as script
+from cleanrl.dqn_dueling_per import Args, NStepWindow, PrioritizedReplayBuffer, main, replay_memory_bytes
+
+SMALL = dict(total_timesteps=2000, num_envs=4, hidden_size=16, buffer_size=1000, batch_size=32,
+             learning_starts=200, train_frequency=4, target_network_frequency=100)
+TINY_ATARI = dict(env_id="Breakout-v5", total_timesteps=96, num_envs=2, buffer_size=64, batch_size=4,
+                  learning_starts=16, train_frequency=2, target_network_frequency=16)
+
+
+class SignalOnStep:
+    """Wraps an env pool so that its k-th step() raises SIGINT in this process, as Ctrl-C would."""
+
+    def __init__(self, envs, k):
+        self.envs, self.k, self.calls = envs, k, 0
+
+    def step(self, actions):
+        self.calls += 1
+        if self.calls == self.k:
+            signal.raise_signal(signal.SIGINT)
+        return self.envs.step(actions)
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+
+def interrupt_at_step(monkeypatch, k):
+    make_env = script.make_env
+    monkeypatch.setattr(script, "make_env", lambda *a, **kw: SignalOnStep(make_env(*a, **kw), k))
+
+
+def only_checkpoint():
+    paths = glob.glob("runs/*/checkpoint.pt")
+    assert len(paths) == 1, paths
+    return paths[0]
+
+
+def load(path):
+    return torch.load(path, weights_only=False)
+
+
+def test_sigint_writes_a_checkpoint_and_stops(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    interrupt_at_step(monkeypatch, 50)
+    handler_before = signal.getsignal(signal.SIGINT)
+    scores = main(Args(**SMALL, save_model=True))
+    assert signal.getsignal(signal.SIGINT) is handler_before
+    checkpoint = load(only_checkpoint())
+    assert checkpoint["global_step"] == 50 * 4 and checkpoint["iteration"] == 50
+    assert checkpoint["episode_scores"] == scores
+    assert checkpoint["action_log"].shape == (50, 4) and checkpoint["action_log"].dtype == np.uint8
+    assert checkpoint["replay"] is None  # no --checkpoint-replay
+    assert not glob.glob("runs/*/*.cleanrl_model")  # an interrupted run is not saved or evaluated
+    assert not glob.glob("runs/*/*.tmp")
+
+
+def test_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
+    args = dict(SMALL, checkpoint_replay=True, checkpoint_every=1000)
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    scores_a = main(Args(**args))
+    final_a = load(only_checkpoint())
+
+    monkeypatch.chdir(tmp_path / "b")
+    with monkeypatch.context() as patch:
+        interrupt_at_step(patch, 240)  # step 960: between two periodic checkpoints
+        main(Args(**args))
+    path = only_checkpoint()
+    assert load(path)["global_step"] == 960
+    scores_b = main(Args(resume=path, checkpoint_every=1000))
+    final_b = load(path)
+
+    assert final_b["global_step"] == final_a["global_step"] == 2000
+    assert scores_b == scores_a == final_a["episode_scores"] == final_b["episode_scores"]
+    for net in ("q_network", "target_network"):
+        for name, weight in final_a[net].items():
+            assert torch.equal(weight, final_b[net][name]), (net, name)
+    assert final_a["replay"]["size"] == final_b["replay"]["size"]
+    np.testing.assert_array_equal(final_a["replay"]["sum_tree"], final_b["replay"]["sum_tree"])
+
+
+def test_resume_without_replay_refills_the_buffer_and_finishes(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as patch:
+        interrupt_at_step(patch, 100)
+        main(Args(**SMALL))
+    path = only_checkpoint()
+    loss, updates = script.weighted_huber_loss, []
+    monkeypatch.setattr(script, "weighted_huber_loss", lambda *a: updates.append(1) or loss(*a))
+    scores = main(Args(resume=path, checkpoint_every=1000, learning_rate=0.5))
+    # Resumed at step 400 with an empty buffer: one update per iteration only after step 400 + 200.
+    assert len(updates) == (2000 - 600) // 4
+    out = capsys.readouterr().out
+    assert "replaying 100 logged environment steps" in out
+    assert "ignoring" in out and "--learning-rate=0.5" in out
+    final = load(path)
+    assert final["global_step"] == 2000 and final["args"]["learning_rate"] == 1e-3  # the checkpoint's, not 0.5
+    assert len(scores) == len(final["episode_scores"]) > 0
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_unreadable_checkpoint_is_refused(tmp_path, monkeypatch, damage):
+    monkeypatch.chdir(tmp_path)
+    interrupt_at_step(monkeypatch, 10)
+    main(Args(**SMALL, checkpoint_replay=True))
+    path = only_checkpoint()
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2] if damage == "truncated" else os.urandom(1000))
+    with pytest.raises(SystemExit, match="--resume=.*not a readable checkpoint"):
+        main(Args(resume=path))
+
+
+def test_diverged_environment_replay_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    interrupt_at_step(monkeypatch, 30)
+    main(Args(**SMALL))
+    path = only_checkpoint()
+    checkpoint = load(path)
+    checkpoint["action_log"][5] = 1 - checkpoint["action_log"][5]  # a different past
+    torch.save(checkpoint, path)
+    with pytest.raises(SystemExit, match="environment replay diverged"):
+        main(Args(resume=path))
+
+
+def test_bad_checkpoint_flags_stop_with_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="--checkpoint-every"):
+        main(Args(checkpoint_every=-1))
+    with pytest.raises(SystemExit, match="--resume"):
+        main(Args(resume=str(tmp_path / "missing.pt")))
+
+
+@pytest.mark.parametrize("checkpoint_every, last_good", [(0, "none written"), (100, "runs/.*/checkpoint.pt")])
+def test_nan_loss_stops_the_run_without_a_broken_checkpoint(tmp_path, monkeypatch, checkpoint_every, last_good):
+    monkeypatch.chdir(tmp_path)
+    loss = script.weighted_huber_loss
+    calls = []
+
+    def nan_on_third_call(*args):
+        calls.append(1)
+        return loss(*args) * (float("nan") if len(calls) == 3 else 1.0)
+
+    monkeypatch.setattr(script, "weighted_huber_loss", nan_on_third_call)
+    # One update per iteration of 4 steps after step 200: the third one is at step 212.
+    with pytest.raises(SystemExit, match=f"non-finite loss or Q-values at step 212; last good checkpoint: {last_good}"):
+        main(Args(**SMALL, checkpoint_every=checkpoint_every))
+    written = glob.glob("runs/*/checkpoint.pt")
+    if checkpoint_every:
+        assert load(written[0])["global_step"] == 200  # the one before the NaN, not a broken one
+    else:
+        assert not written
+
+
+def test_replay_memory_bytes_matches_the_allocated_arrays():
+    rb = PrioritizedReplayBuffer(37, (4,), np.float32, alpha=0.6)  # 37: the trees pad to 64 leaves
+    window = NStepWindow(3, 2, (4,), np.float32, gamma=0.99)
+    arrays = (rb.obs, rb.next_obs, rb.actions, rb.returns, rb.discounts, rb.sum_tree.nodes, rb.min_tree.nodes,
+              window.obs, window.actions, window.rewards, window.length)
+    estimate = replay_memory_bytes(Args(buffer_size=37, n_step=3, num_envs=2), (4,), np.float32)
+    assert estimate == sum(a.nbytes for a in arrays)
+    atari = replay_memory_bytes(Args(buffer_size=1_000_000), (4, 84, 84), np.uint8)
+    assert 56e9 < atari < 57e9  # the docs' "about 56 KB per transition"
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Breakout-v5"])
+def test_oversized_buffer_is_refused_before_envs_are_built(monkeypatch, env_id):
+    def no_envs(*args, **kwargs):
+        raise AssertionError("envs built before the memory check")
+
+    monkeypatch.setattr(script, "make_env", no_envs)
+    with pytest.raises(SystemExit, match=r"--buffer-size=1000000000000: the replay needs about .* GB"):
+        main(Args(env_id=env_id, buffer_size=10**12))
+
+
+def test_seeded_runs_are_reproducible(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    first = main(Args(**SMALL))
+    monkeypatch.chdir(tmp_path / "b")
+    assert main(Args(**SMALL)) == first and len(first) > 10
+
+
+def test_atari_sigint_checkpoint_and_resume_smoke(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as patch:
+        interrupt_at_step(patch, 20)
+        main(Args(**TINY_ATARI, checkpoint_replay=True))
+    path = only_checkpoint()
+    checkpoint = load(path)
+    assert checkpoint["global_step"] == 40
+    assert checkpoint["obs"].shape == (2, 4, 84, 84) and checkpoint["obs"].dtype == np.uint8
+    assert checkpoint["replay"]["obs"].dtype == torch.uint8 and checkpoint["replay"]["size"] > 0
+    main(Args(resume=path, checkpoint_every=48))
+    assert load(path)["global_step"] == 96
+
+
+def test_tracked_resume_continues_the_same_wandb_run(offline_wandb, monkeypatch):
+    with monkeypatch.context() as patch:
+        interrupt_at_step(patch, 20)
+        main(Args(**dict(SMALL, total_timesteps=200), track=True))
+    path = only_checkpoint()
+    saved_id = load(path)["wandb_id"]
+    assert saved_id is not None
+    main(Args(resume=path, track=True, checkpoint_every=100))
+    assert load(path)["wandb_id"] == saved_id and load(path)["global_step"] == 200
