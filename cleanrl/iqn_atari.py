@@ -414,6 +414,12 @@ def save_checkpoint(state: dict, path: str) -> str:
 
 
 def load_checkpoint(path: str) -> dict:
+    size, available = os.path.getsize(path), available_memory_bytes()
+    if size > available:
+        raise SystemExit(
+            f"error: --resume={path}: the checkpoint takes {size / 1e9:,.1f} GB but {available / 1e9:,.1f} GB are "
+            "available"
+        )
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)  # holds numpy RNG states
         if not isinstance(checkpoint, dict):
@@ -503,7 +509,8 @@ def main(args: Args) -> list[float]:
     if args.resume is not None:
         checkpoint = load_checkpoint(args.resume)
         args = resumed_args(args, checkpoint["args"])
-    check_replay_memory(args)
+    if checkpoint is None or checkpoint["replay"] is None:  # a stored replay is in memory already, as the buffer
+        check_replay_memory(args)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     if checkpoint is not None:
         run_name = checkpoint["run_name"]  # the same run directory and W&B run
