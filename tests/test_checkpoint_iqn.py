@@ -11,10 +11,10 @@ from cleanrl import iqn, iqn_atari
 # CartPole with small nets: learning starts at step 200, one update per iteration of the 4 environments.
 SMALL = dict(total_timesteps=2000, num_envs=4, learning_starts=200, buffer_size=2000, batch_size=32,
              hidden_dim=16, quantile_embedding_dim=16, num_quantile_samples=8, target_network_frequency=100,
-             exploration_steps=1000)  # fmt: skip
+             exploration_steps=1000, cuda=False)  # fmt: skip
 ATARI_TINY = dict(total_timesteps=240, num_envs=2, learning_starts=160, buffer_size=400, batch_size=4,
                   num_tau_samples=8, num_tau_prime_samples=8, num_quantile_samples=8, hidden_dim=32,
-                  target_network_frequency=40, exploration_steps=100, eval_episodes=0)  # fmt: skip
+                  target_network_frequency=40, exploration_steps=100, eval_episodes=0, cuda=False)  # fmt: skip
 
 
 class SignalOnStep:
@@ -78,7 +78,7 @@ def test_resume_is_bitwise_exact(tmp_path, monkeypatch):
         iqn.main(iqn.Args(**flags))
     path = checkpoint_path(tmp_path / "b")
     assert load(path)["global_step"] == 960  # interrupted before the periodic checkpoint at step 1000
-    scores_b = iqn.main(iqn.Args(resume=str(path), checkpoint_every=1000))
+    scores_b = iqn.main(iqn.Args(resume=str(path), checkpoint_every=1000, cuda=False))
     final_b = load(path)
 
     assert final_a["global_step"] == final_b["global_step"] == 2000
@@ -98,7 +98,7 @@ def test_resume_without_replay_refills_the_buffer(tmp_path, monkeypatch):
         iqn.main(iqn.Args(**dict(SMALL, total_timesteps=1000)))
     path = checkpoint_path(tmp_path)
     updates_before = load(path)["num_updates"]
-    scores = iqn.main(iqn.Args(resume=str(path), checkpoint_every=10_000))
+    scores = iqn.main(iqn.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
     final = load(path)
     assert final["global_step"] == 1000 and len(scores) == len(final["scores"])
     # Steps 404..600 refill the empty buffer (learning_starts = 200 more steps), then one update per iteration.
@@ -126,7 +126,7 @@ def test_unreadable_checkpoint_is_refused(damage, tmp_path, monkeypatch):
     elif damage == "not_a_checkpoint":
         torch.save({"weights": torch.zeros(3)}, path)
     with pytest.raises(SystemExit, match=f"--resume={path}: (not a readable checkpoint|no such file)"):
-        iqn.main(iqn.Args(resume=str(path)))
+        iqn.main(iqn.Args(resume=str(path), cuda=False))
 
 
 def test_checkpoint_flags_are_validated(tmp_path, monkeypatch):
@@ -190,7 +190,7 @@ def test_atari_sigint_checkpoint_and_resume_without_replay(tmp_path, monkeypatch
     ckpt = load(path)
     assert ckpt["global_step"] == 180 and ckpt["obs"].shape == (2, 4, 84, 84) and ckpt["replay"] is None
     # The resume replays the 90 logged steps of Breakout and checks that it reaches the stored frames.
-    scores = iqn_atari.main(iqn_atari.Args(resume=str(path), checkpoint_every=10_000))
+    scores = iqn_atari.main(iqn_atari.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
     assert isinstance(scores, list) and load(path)["global_step"] == 240
 
 
@@ -206,7 +206,7 @@ def test_atari_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
         interrupt_at_step_call(m, iqn_atari, 85)  # step 170: 5 updates before, 5 after
         iqn_atari.main(iqn_atari.Args(**flags))
     path = checkpoint_path(tmp_path / "b")
-    scores_b = iqn_atari.main(iqn_atari.Args(resume=str(path), checkpoint_every=10_000))
+    scores_b = iqn_atari.main(iqn_atari.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
     final_b = load(path)
     assert final_a["num_updates"] == final_b["num_updates"] > 0 and scores_a == scores_b
     for key, value in final_a["q_network"].items():
@@ -237,5 +237,5 @@ def test_tracked_resume_continues_the_wandb_run(offline_wandb, monkeypatch):
     path = checkpoint_path(offline_wandb.parent)
     run_id = load(path)["wandb_id"]
     assert run_id is not None
-    iqn.main(iqn.Args(resume=str(path), track=True, checkpoint_every=1000))
+    iqn.main(iqn.Args(resume=str(path), track=True, checkpoint_every=1000, cuda=False))
     assert load(path)["wandb_id"] == run_id and load(path)["global_step"] == 400
