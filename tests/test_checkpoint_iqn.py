@@ -203,7 +203,7 @@ def test_atari_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
     final_a = load(checkpoint_path(tmp_path / "a"))
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as m:
-        interrupt_at_step_call(m, iqn_atari, 85)  # step 170: 5 updates before, 5 after
+        interrupt_at_step_call(m, iqn_atari, 85)  # step 170: between updates (learning starts after step 160)
         iqn_atari.main(iqn_atari.Args(**flags))
     path = checkpoint_path(tmp_path / "b")
     scores_b = iqn_atari.main(iqn_atari.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
