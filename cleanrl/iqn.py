@@ -11,6 +11,7 @@ ICML 2018. Docs: docs/rl-algorithms/iqn.md
 
 import os
 import random
+import signal
 import time
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -91,6 +92,12 @@ class Args:
     """the threshold of the Huber loss inside the quantile loss"""
     hidden_dim: int = 64
     """width of the MLP torso, of the quantile embedding and of the hidden layer of the head"""
+    checkpoint_every: int = 0
+    """write a resumable checkpoint every this many agent steps (0: only on SIGINT/SIGTERM)"""
+    checkpoint_replay: bool = False
+    """also store the replay buffer in checkpoints (large, but the resumed run is then exact)"""
+    resume: Optional[str] = None
+    """continue the run saved in this checkpoint, in the same run directory (and W&B run)"""
 
 
 def validate_args(args: Args) -> None:
@@ -119,6 +126,10 @@ def validate_args(args: Args) -> None:
         )
     if args.eval_episodes < 0:
         raise SystemExit(f"error: --eval-episodes={args.eval_episodes}: must be >= 0")
+    if args.checkpoint_every < 0:
+        raise SystemExit(f"error: --checkpoint-every={args.checkpoint_every}: must be >= 0 (0: only on a signal)")
+    if args.resume is not None and not os.path.isfile(args.resume):
+        raise SystemExit(f"error: --resume={args.resume}: no such file")
 
 
 # Vector observations are not stacked; the replay below is shared with iqn_atari.py, where 4 frames are.
@@ -231,6 +242,59 @@ class ReplayBuffer:
             next_obs=to_tensor(self.stacks(env, t + 1)),
         )
 
+    ARRAYS = ("frames", "game_start", "actions", "rewards", "terminated", "valid")
+
+    def state_dict(self) -> dict:
+        """The stored steps as tensors sharing the arrays' memory: torch.save writes them without the full copy
+        that pickling a numpy array makes."""
+        return {**{name: torch.from_numpy(getattr(self, name)) for name in self.ARRAYS}, "num_added": self.num_added}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in self.ARRAYS:
+            if tuple(state[name].shape) != getattr(self, name).shape:
+                raise SystemExit(f"error: --resume: the stored replay {name} has shape {tuple(state[name].shape)}")
+            setattr(self, name, state[name].numpy())
+        self.num_added = state["num_added"]
+
+    def add_history(self, stacks: np.ndarray) -> None:
+        """Starts an empty buffer in the middle of games (a resume without stored replay): the older frames of the
+        current stacks (num_envs, stack_num, ...) go in as slots that are not transitions, so that the stacks ending
+        at the next slots are rebuilt exactly."""
+        no = np.zeros(self.num_envs, dtype=bool)
+        for k in range(self.stack_num - 1):
+            self.add(stacks[:, k], no, no, no, no, valid=no)
+
+
+def replay_memory_bytes(args: Args, frame_shape: tuple, frame_dtype) -> int:
+    """Bytes of the arrays that ReplayBuffer allocates: per slot one frame, a bool game start, an int64 action, a
+    float32 reward, a float32 terminated flag and a bool valid flag."""
+    slots = (args.buffer_size // args.num_envs) * args.num_envs
+    frame_bytes = int(np.prod(frame_shape)) * np.dtype(frame_dtype).itemsize
+    return slots * (frame_bytes + 1 + 8 + 4 + 4 + 1)
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable of /proc/meminfo (free RAM plus what the kernel can reclaim), else the free physical pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_replay_memory(args: Args) -> None:
+    """Refuses, before anything is built, a replay that would not fit in RAM (numpy would fail or swap much later)."""
+    needed = replay_memory_bytes(args, envpool.make_spec(args.env_id).observation_space.shape, np.float32)
+    available = available_memory_bytes()
+    if needed > available:
+        raise SystemExit(
+            f"error: --buffer-size={args.buffer_size}: the replay needs about {needed / 1e9:,.1f} GB but "
+            f"{available / 1e9:,.1f} GB are available; lower --buffer-size"
+        )
+
 
 def quantile_huber_loss(
     quantiles: torch.Tensor, taus: torch.Tensor, target_quantiles: torch.Tensor, kappa: float = 1.0
@@ -255,6 +319,114 @@ def linear_schedule(start_e: float, end_e: float, duration: int, t: int) -> floa
 def crossed(step: int, num_envs: int, every: int) -> int:
     """How many multiples of `every` the step counter passed while advancing by num_envs to `step`."""
     return step // every - (step - num_envs) // every
+
+
+# Checkpoints. envpool cannot save its state, but it is deterministic given its seed and the actions: a checkpoint
+# holds the log of every action sent to envs.step, and a resume rebuilds the environments by replaying it.
+CHECKPOINT_VERSION = 1
+CHECKPOINT_KEYS = ("format_version", "script", "args", "run_name", "wandb_id", "global_step", "iteration",
+                   "num_updates", "q_network", "target_network", "optimizer", "rng", "scores", "episode_return",
+                   "episode_length", "obs_starts_game", "obs_is_last", "obs_ends_game", "obs", "action_log",
+                   "replay")  # fmt: skip
+RESUME_FLAGS = ("resume", "checkpoint_every", "cuda", "track")  # taken from the command line, the rest from the file
+
+
+class StopRequest:
+    """Installs SIGINT/SIGTERM handlers: the first signal asks the loop to stop after the current step (it then
+    writes a checkpoint), a second one exits at once. `restore()` puts back the previous handlers, since main can be
+    called in-process."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def handle(self, signum, frame):
+        if self.requested:
+            self.restore()
+            raise KeyboardInterrupt
+        self.requested = True
+        print("stopping after this step; a second signal exits at once")
+
+    def restore(self):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+def rng_states(replay_rng: np.random.Generator) -> dict:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "replay": replay_rng.bit_generator.state,
+    }
+
+
+def set_rng_states(states: dict, replay_rng: np.random.Generator) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    replay_rng.bit_generator.state = states["replay"]
+
+
+def save_checkpoint(state: dict, path: str) -> str:
+    """Writes atomically: a run killed while writing keeps its previous checkpoint intact."""
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def load_checkpoint(path: str) -> dict:
+    size, available = os.path.getsize(path), available_memory_bytes()
+    if size > available:
+        raise SystemExit(
+            f"error: --resume={path}: the checkpoint takes {size / 1e9:,.1f} GB but {available / 1e9:,.1f} GB are "
+            "available"
+        )
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)  # holds numpy RNG states
+        if not isinstance(checkpoint, dict):
+            raise ValueError(f"holds a {type(checkpoint).__name__}, not a dict")
+        missing = [key for key in CHECKPOINT_KEYS if key not in checkpoint]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)}")
+        if checkpoint["format_version"] != CHECKPOINT_VERSION:
+            raise ValueError(f"format version {checkpoint['format_version']}, expected {CHECKPOINT_VERSION}")
+        if checkpoint["script"] != os.path.basename(__file__):
+            raise ValueError(f"written by {checkpoint['script']}")
+    except Exception as e:
+        raise SystemExit(f"error: --resume={path}: not a readable checkpoint ({e})") from None
+    return checkpoint
+
+
+def resumed_args(given: Args, saved: dict) -> Args:
+    """The checkpoint's args with this command's RESUME_FLAGS; says which other given flags are ignored."""
+    args = Args(**{**saved, **{name: getattr(given, name) for name in RESUME_FLAGS}})
+    defaults = Args()
+    ignored = [
+        f"--{name.replace('_', '-')}={getattr(given, name)}"
+        for name in saved
+        if name not in RESUME_FLAGS and getattr(given, name) not in (getattr(defaults, name), saved[name])
+    ]
+    if ignored:
+        print(f"--resume: the run continues with its saved flags; ignoring {' '.join(ignored)}")
+    return args
+
+
+def replay_actions(envs, action_log: np.ndarray, expected_obs: np.ndarray) -> np.ndarray:
+    """Steps freshly reset environments through the logged actions; returns the observation they reach."""
+    print(f"resume: replaying {len(action_log)} logged steps of the environments to restore their state")
+    obs = None
+    for actions in action_log:
+        obs, *_ = envs.step(actions.astype(np.int64))
+    if obs is None or not np.array_equal(obs, expected_obs):
+        raise SystemExit(
+            "error: --resume: environment replay diverged from the checkpoint's observation "
+            "(another envpool version or environment settings?)"
+        )
+    return obs
 
 
 def evaluate(
@@ -302,7 +474,15 @@ def evaluate(
 
 def main(args: Args) -> list[float]:
     validate_args(args)
+    checkpoint = None
+    if args.resume is not None:
+        checkpoint = load_checkpoint(args.resume)
+        args = resumed_args(args, checkpoint["args"])
+    if checkpoint is None or checkpoint["replay"] is None:  # a stored replay is in memory already, as the buffer
+        check_replay_memory(args)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if checkpoint is not None:
+        run_name = checkpoint["run_name"]  # the same run directory and W&B run
     if args.track:
         import wandb
 
@@ -313,8 +493,13 @@ def main(args: Args) -> list[float]:
             config=vars(args),
             name=run_name,
             save_code=True,
+            id=checkpoint["wandb_id"] if checkpoint else None,
+            resume="allow" if checkpoint else None,
         )
-    writer = SummaryWriter(f"runs/{run_name}")
+    wandb_id = wandb.run.id if args.track else None
+    # On resume, TensorBoard drops the events the interrupted run logged after its checkpoint.
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] if checkpoint else None)
+    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
     writer.add_text(
         "hyperparameters",
         "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
@@ -341,6 +526,9 @@ def main(args: Args) -> list[float]:
         args.buffer_size, args.num_envs, obs_shape, np.float32, STACK_NUM, device, np.random.default_rng(args.seed)
     )
     N, N_prime, K = args.num_tau_samples, args.num_tau_prime_samples, args.num_quantile_samples
+    num_iterations = -(-args.total_timesteps // args.num_envs)
+    # Every action sent to envs.step, reset steps included: a resume replays them to rebuild the environments.
+    action_log = np.zeros((num_iterations, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
 
     obs, _ = envs.reset()  # envpool is seeded at construction
     obs_starts_game = np.ones(args.num_envs, dtype=bool)  # o_t is the first observation of a game
@@ -349,8 +537,58 @@ def main(args: Args) -> list[float]:
     episode_return = np.zeros(args.num_envs)
     episode_length = np.zeros(args.num_envs, dtype=np.int64)
     scores: list[float] = []
-    start_time = last_print = time.time()
-    global_step = num_updates = 0
+    global_step = iteration = num_updates = 0
+    learn_after = args.learning_starts  # global_step after which updates run
+    last_checkpoint = args.resume
+    if checkpoint is not None:
+        obs = replay_actions(envs, checkpoint["action_log"], checkpoint["obs"])
+        action_log[: len(checkpoint["action_log"])] = checkpoint["action_log"]
+        q_network.load_state_dict(checkpoint["q_network"])
+        target_network.load_state_dict(checkpoint["target_network"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        global_step, iteration, num_updates = (checkpoint[k] for k in ("global_step", "iteration", "num_updates"))
+        scores, episode_return, episode_length = (checkpoint[k] for k in ("scores", "episode_return", "episode_length"))
+        obs_starts_game, obs_is_last, obs_ends_game = (
+            checkpoint[k] for k in ("obs_starts_game", "obs_is_last", "obs_ends_game")
+        )
+        if checkpoint["replay"] is not None:
+            rb.load_state_dict(checkpoint["replay"])
+        else:  # an empty buffer: act until it holds learning_starts steps again
+            rb.add_history(obs)
+            learn_after = global_step + args.learning_starts
+        set_rng_states(checkpoint["rng"], rb.rng)
+        del checkpoint  # the replay arrays now belong to rb
+
+    def checkpoint_state() -> dict:
+        """Everything the loop needs to continue exactly from the current step."""
+        return {
+            "format_version": CHECKPOINT_VERSION,
+            "script": os.path.basename(__file__),
+            "args": vars(args),
+            "run_name": run_name,
+            "wandb_id": wandb_id,
+            "global_step": global_step,
+            "iteration": iteration,
+            "num_updates": num_updates,
+            "q_network": q_network.state_dict(),
+            "target_network": target_network.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "rng": rng_states(rb.rng),
+            "scores": scores,
+            "episode_return": episode_return,
+            "episode_length": episode_length,
+            "obs_starts_game": obs_starts_game,
+            "obs_is_last": obs_is_last,
+            "obs_ends_game": obs_ends_game,
+            "obs": obs,
+            "action_log": action_log[:iteration],
+            "replay": rb.state_dict() if args.checkpoint_replay else None,
+        }
+
+    # Installed only now, so that a failed setup leaves the caller's handlers in place.
+    stop = StopRequest()
+    start_step, start_time = global_step, time.time()
+    last_print = start_time
     while global_step < args.total_timesteps:
         global_step += args.num_envs
         epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_steps, global_step)
@@ -362,6 +600,8 @@ def main(args: Args) -> list[float]:
             actions = q.argmax(dim=1).cpu().numpy()
             explore = np.random.rand(args.num_envs) < epsilon
             actions[explore] = np.random.randint(num_actions, size=explore.sum())
+        action_log[iteration] = actions
+        iteration += 1
         next_obs, rewards, terminated, truncated, infos = envs.step(actions)
 
         # NEXT_STEP autoreset: after a last step, envpool's next step is a reset step, never a transition.
@@ -383,7 +623,7 @@ def main(args: Args) -> list[float]:
         obs_is_last, obs_ends_game = terminated | truncated, game_over
         obs = next_obs
 
-        if global_step > args.learning_starts:
+        if global_step > learn_after:
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
             for _ in range(crossed(global_step, args.num_envs, args.train_frequency)):
@@ -402,6 +642,16 @@ def main(args: Args) -> list[float]:
                 loss = quantile_huber_loss(quantiles, taus, target_quantiles, args.kappa).mean()
                 optimizer.zero_grad()
                 loss.backward()
+                try:  # a NaN or inf in the loss or the Q-values reaches the gradient norm: never step on it
+                    nn.utils.clip_grad_norm_(q_network.parameters(), float("inf"), error_if_nonfinite=True)
+                except RuntimeError:
+                    stop.restore()
+                    envs.close()
+                    writer.close()
+                    raise SystemExit(
+                        f"error: non-finite loss or Q-values at step {global_step}; "
+                        f"last good checkpoint: {last_checkpoint or 'none written'}"
+                    ) from None
                 optimizer.step()
                 num_updates += 1
                 if num_updates % 100 == 0:
@@ -409,19 +659,30 @@ def main(args: Args) -> list[float]:
                     writer.add_scalar("losses/q_values", quantiles.mean().item(), global_step)
                     writer.add_scalar("charts/epsilon", epsilon, global_step)
                     writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-                    writer.add_scalar("charts/SPS", int(global_step / (time.time() - start_time)), global_step)
+                    sps = int((global_step - start_step) / (time.time() - start_time))
+                    writer.add_scalar("charts/SPS", sps, global_step)
             if crossed(global_step, args.num_envs, args.target_network_frequency):
                 target_network.load_state_dict(q_network.state_dict())
 
         if time.time() - last_print > 10:
             last_print = time.time()
-            sps = int(global_step / (last_print - start_time))
+            sps = int((global_step - start_step) / (last_print - start_time))
             mean = np.mean(scores[-100:]) if scores else float("nan")
             eta = time.strftime("%H:%M:%S", time.gmtime((args.total_timesteps - global_step) / max(sps, 1)))
             print(f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {mean:8.2f} | ETA {eta}")
 
+        periodic = args.checkpoint_every > 0 and (
+            crossed(global_step, args.num_envs, args.checkpoint_every) or global_step >= args.total_timesteps
+        )
+        if stop.requested or periodic:
+            last_checkpoint = save_checkpoint(checkpoint_state(), checkpoint_path)
+        if stop.requested:
+            print(f"checkpoint saved to {checkpoint_path}; resume with: python {__file__} --resume {checkpoint_path}")
+            break
+
+    stop.restore()
     envs.close()
-    if args.save_model:
+    if args.save_model and not stop.requested:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         torch.save(q_network.state_dict(), model_path)
         print(f"model saved to {model_path}")

@@ -1,0 +1,241 @@
+"""Checkpoints of cleanrl/iqn.py and cleanrl/iqn_atari.py: SIGINT, exact resume, unreadable files, NaN stop, memory."""
+
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from cleanrl import iqn, iqn_atari
+
+# CartPole with small nets: learning starts at step 200, one update per iteration of the 4 environments.
+SMALL = dict(total_timesteps=2000, num_envs=4, learning_starts=200, buffer_size=2000, batch_size=32,
+             hidden_dim=16, quantile_embedding_dim=16, num_quantile_samples=8, target_network_frequency=100,
+             exploration_steps=1000, cuda=False)  # fmt: skip
+ATARI_TINY = dict(total_timesteps=240, num_envs=2, learning_starts=160, buffer_size=400, batch_size=4,
+                  num_tau_samples=8, num_tau_prime_samples=8, num_quantile_samples=8, hidden_dim=32,
+                  target_network_frequency=40, exploration_steps=100, eval_episodes=0, cuda=False)  # fmt: skip
+
+
+class SignalOnStep:
+    """An envpool pool whose k-th step() raises SIGINT, as a Ctrl-C pressed during that step would."""
+
+    def __init__(self, envs, k):
+        self.envs, self.k, self.calls = envs, k, 0
+
+    def step(self, actions):
+        self.calls += 1
+        if self.calls == self.k:
+            signal.raise_signal(signal.SIGINT)
+        return self.envs.step(actions)
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+
+def interrupt_at_step_call(monkeypatch, module, k):
+    make_env = module.make_env
+    monkeypatch.setattr(module, "make_env", lambda *a, **kw: SignalOnStep(make_env(*a, **kw), k))
+
+
+def checkpoint_path(root):
+    (run_dir,) = (root / "runs").iterdir()
+    return run_dir / "checkpoint.pt"
+
+
+def load(path):
+    return torch.load(path, weights_only=False)
+
+
+def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    previous = signal.getsignal(signal.SIGINT)
+    with monkeypatch.context() as m:
+        interrupt_at_step_call(m, iqn, 50)
+        scores = iqn.main(iqn.Args(**SMALL, save_model=True))
+    assert isinstance(scores, list)
+    assert signal.getsignal(signal.SIGINT) is previous  # the handlers are given back
+    path = checkpoint_path(tmp_path)
+    assert not path.with_suffix(".pt.tmp").exists()
+    assert not (path.parent / "iqn.cleanrl_model").exists()  # an interrupted run is not saved as a model
+    ckpt = load(path)
+    assert ckpt["global_step"] == 200 and ckpt["iteration"] == 50  # stopped after the step that got the signal
+    assert ckpt["action_log"].shape == (50, 4) and ckpt["action_log"].dtype == np.uint8
+    assert ckpt["replay"] is None and ckpt["scores"] == scores
+
+
+def test_resume_is_bitwise_exact(tmp_path, monkeypatch):
+    flags = dict(SMALL, checkpoint_every=1000, checkpoint_replay=True)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    scores_a = iqn.main(iqn.Args(**flags))
+    final_a = load(checkpoint_path(tmp_path / "a"))
+
+    monkeypatch.chdir(tmp_path / "b")
+    with monkeypatch.context() as m:
+        interrupt_at_step_call(m, iqn, 240)
+        iqn.main(iqn.Args(**flags))
+    path = checkpoint_path(tmp_path / "b")
+    assert load(path)["global_step"] == 960  # interrupted before the periodic checkpoint at step 1000
+    scores_b = iqn.main(iqn.Args(resume=str(path), checkpoint_every=1000, cuda=False))
+    final_b = load(path)
+
+    assert final_a["global_step"] == final_b["global_step"] == 2000
+    assert scores_a == scores_b and final_a["scores"] == final_b["scores"]
+    for name in ("q_network", "target_network"):
+        for key, value in final_a[name].items():
+            assert torch.equal(value, final_b[name][key]), (name, key)
+    assert final_a["num_updates"] == final_b["num_updates"]
+    assert np.array_equal(final_a["action_log"], final_b["action_log"])
+    assert final_a["rng"]["replay"] == final_b["rng"]["replay"]
+
+
+def test_resume_without_replay_refills_the_buffer(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as m:
+        interrupt_at_step_call(m, iqn, 100)  # step 400: learning has started, the buffer is not stored
+        iqn.main(iqn.Args(**dict(SMALL, total_timesteps=1000)))
+    path = checkpoint_path(tmp_path)
+    updates_before = load(path)["num_updates"]
+    scores = iqn.main(iqn.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
+    final = load(path)
+    assert final["global_step"] == 1000 and len(scores) == len(final["scores"])
+    # Steps 404..600 refill the empty buffer (learning_starts = 200 more steps), then one update per iteration.
+    assert final["num_updates"] == updates_before + (1000 - 600) // 4
+
+
+def test_seeded_runs_are_reproducible(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    flags = dict(SMALL, total_timesteps=1000)
+    assert iqn.main(iqn.Args(**flags)) == iqn.main(iqn.Args(**flags))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "not_a_checkpoint", "missing"])
+def test_unreadable_checkpoint_is_refused(damage, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "checkpoint.pt"
+    if damage == "truncated":
+        with monkeypatch.context() as m:
+            interrupt_at_step_call(m, iqn, 3)
+            iqn.main(iqn.Args(**SMALL))
+        data = checkpoint_path(tmp_path).read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(np.random.default_rng(0).bytes(5000))
+    elif damage == "not_a_checkpoint":
+        torch.save({"weights": torch.zeros(3)}, path)
+    with pytest.raises(SystemExit, match=f"--resume={path}: (not a readable checkpoint|no such file)"):
+        iqn.main(iqn.Args(resume=str(path), cuda=False))
+
+
+def test_checkpoint_flags_are_validated(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="--checkpoint-every=-1"):
+        iqn.main(iqn.Args(checkpoint_every=-1))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_nan_loss_stops_without_checkpointing_the_broken_network(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    loss, calls = iqn.quantile_huber_loss, []
+
+    def nan_on_third_call(*a, **kw):
+        calls.append(1)
+        out = loss(*a, **kw)
+        return out * float("nan") if len(calls) == 3 else out
+
+    monkeypatch.setattr(iqn, "quantile_huber_loss", nan_on_third_call)
+    # Updates at steps 204, 208, 212: the third one is poisoned; the last checkpoint is the one of step 200.
+    with pytest.raises(SystemExit, match=r"non-finite loss or Q-values at step 212; last good checkpoint: runs/.*pt"):
+        iqn.main(iqn.Args(**SMALL, checkpoint_every=100))
+    ckpt = load(checkpoint_path(tmp_path))
+    assert ckpt["global_step"] == 200
+    assert all(torch.isfinite(v).all() for v in ckpt["q_network"].values())
+    calls.clear()
+    with pytest.raises(SystemExit, match="at step 212; last good checkpoint: none written"):
+        iqn.main(iqn.Args(**SMALL))
+
+
+@pytest.mark.parametrize("module", [iqn, iqn_atari])
+def test_oversized_buffer_is_refused_before_envs_are_built(module, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+    def no_env(*a, **kw):
+        raise AssertionError("an environment was built")
+
+    monkeypatch.setattr(module, "make_env", no_env)
+    with pytest.raises(SystemExit, match=r"--buffer-size=1000000000000: the replay needs about [\d,.]+ GB .*"):
+        module.main(module.Args(buffer_size=10**12))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "module, frame_shape, frame_dtype", [(iqn, (4,), np.float32), (iqn_atari, (84, 84), np.uint8)]
+)
+def test_replay_memory_estimate_matches_the_allocated_arrays(module, frame_shape, frame_dtype):
+    args = module.Args(buffer_size=1003, num_envs=4)  # 250 slots per environment: 1000 in all
+    rb = module.ReplayBuffer(1003, 4, frame_shape, frame_dtype, module.STACK_NUM, "cpu", np.random.default_rng(0))
+    names = ("frames", "game_start", "actions", "rewards", "terminated", "valid")
+    allocated = sum(getattr(rb, name).nbytes for name in names)
+    assert module.replay_memory_bytes(args, frame_shape, frame_dtype) == allocated
+
+
+def test_atari_sigint_checkpoint_and_resume_without_replay(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as m:
+        interrupt_at_step_call(m, iqn_atari, 90)  # step 180: after learning started
+        iqn_atari.main(iqn_atari.Args(**ATARI_TINY))
+    path = checkpoint_path(tmp_path)
+    ckpt = load(path)
+    assert ckpt["global_step"] == 180 and ckpt["obs"].shape == (2, 4, 84, 84) and ckpt["replay"] is None
+    # The resume replays the 90 logged steps of Breakout and checks that it reaches the stored frames.
+    scores = iqn_atari.main(iqn_atari.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
+    assert isinstance(scores, list) and load(path)["global_step"] == 240
+
+
+def test_atari_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
+    flags = dict(ATARI_TINY, total_timesteps=200, checkpoint_every=10_000, checkpoint_replay=True)  # at the end only
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    scores_a = iqn_atari.main(iqn_atari.Args(**flags))
+    final_a = load(checkpoint_path(tmp_path / "a"))
+    monkeypatch.chdir(tmp_path / "b")
+    with monkeypatch.context() as m:
+        interrupt_at_step_call(m, iqn_atari, 85)  # step 170: between updates (learning starts after step 160)
+        iqn_atari.main(iqn_atari.Args(**flags))
+    path = checkpoint_path(tmp_path / "b")
+    scores_b = iqn_atari.main(iqn_atari.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
+    final_b = load(path)
+    assert final_a["num_updates"] == final_b["num_updates"] > 0 and scores_a == scores_b
+    for key, value in final_a["q_network"].items():
+        assert torch.equal(value, final_b["q_network"][key]), key
+    assert torch.equal(final_a["replay"]["frames"], final_b["replay"]["frames"])
+
+
+def test_add_history_rebuilds_the_current_stack():
+    # A resume without stored replay starts an empty frame-once buffer in the middle of games.
+    for stack, starts_game in [([5, 6, 7, 8], False), ([5, 5, 6, 7], False), ([5, 5, 5, 5], True)]:
+        obs = np.array(stack, dtype=np.uint8).reshape(1, 4, 1, 1) * np.ones((1, 4, 2, 2), dtype=np.uint8)
+        rb = iqn_atari.ReplayBuffer(20, 1, (2, 2), np.uint8, 4, "cpu", np.random.default_rng(0))
+        rb.add_history(obs)
+        one, no = np.ones(1, dtype=bool), np.zeros(1, dtype=bool)
+        rb.add(obs[:, -1], np.array([starts_game]), np.array([1]), np.array([1.0]), np.array([0.0]), valid=one)
+        rb.add(np.full((1, 2, 2), 9, dtype=np.uint8), no, np.array([0]), np.array([0.0]), np.array([0.0]), valid=one)
+        assert np.array_equal(rb.stacks(np.array([0]), np.array([3]))[0], obs[0])
+        assert rb.stacks(np.array([0]), np.array([4]))[0, :, 0, 0].tolist() == stack[1:] + [9]
+        batch = rb.sample(8)  # only the one real transition, from the rebuilt stack to the next one
+        assert (batch.obs == torch.from_numpy(obs)).all() and (batch.actions == 1).all()
+
+
+def test_tracked_resume_continues_the_wandb_run(offline_wandb, monkeypatch):
+    flags = dict(SMALL, total_timesteps=400, track=True)
+    with monkeypatch.context() as m:
+        interrupt_at_step_call(m, iqn, 50)
+        iqn.main(iqn.Args(**flags))
+    path = checkpoint_path(offline_wandb.parent)
+    run_id = load(path)["wandb_id"]
+    assert run_id is not None
+    iqn.main(iqn.Args(resume=str(path), track=True, checkpoint_every=1000, cuda=False))
+    assert load(path)["wandb_id"] == run_id and load(path)["global_step"] == 400
