@@ -565,6 +565,9 @@ def load_checkpoint(path: str) -> dict:
         missing = [key for key in CHECKPOINT_KEYS if key not in state]
         if missing:
             raise ValueError(f"missing {', '.join(missing)}")
+        foreign = sorted(set(state["args"]) ^ set(vars(Args())))
+        if foreign:
+            raise ValueError(f"written by another script: flags {', '.join(foreign)} differ")
     except Exception as e:
         raise SystemExit(f"error: --resume={path}: not a readable checkpoint ({e})") from None
     return state
@@ -671,7 +674,7 @@ def train(args: Args, checkpoint: Optional[dict], stop: StopSignal) -> list[floa
         learn_from, last_checkpoint = checkpoint["learn_from"], args.resume
         if "obs" not in checkpoint["replay"]:  # the replay starts empty: collect again before learning
             learn_from = checkpoint["global_step"] + args.learning_starts
-    start_step = start_iteration * num_envs
+    start_step, stopping = start_iteration * num_envs, False
     start_time = last_print = time.time()
     for iteration in range(start_iteration, num_iterations):
         global_step = (iteration + 1) * num_envs
@@ -742,7 +745,8 @@ def train(args: Args, checkpoint: Optional[dict], stop: StopSignal) -> list[floa
         every = args.checkpoint_every  # due when global_step crosses a multiple of it, and at the end
         crossed = every > 0 and global_step // every > (global_step - num_envs) // every
         due = crossed or (every > 0 and iteration + 1 == num_iterations)
-        if due or stop.requested:
+        stopping = stop.requested  # read once: a signal arriving in between must not skip the checkpoint
+        if due or stopping:
             save_checkpoint(dict(
                 version=CHECKPOINT_VERSION, args=vars(args), run_name=run_name, wandb_id=wandb_id, iteration=iteration,
                 global_step=global_step, updates=updates, update_credit=update_credit, learn_from=learn_from,
@@ -753,12 +757,12 @@ def train(args: Args, checkpoint: Optional[dict], stop: StopSignal) -> list[floa
                 replay=rb.state_dict(with_arrays=args.checkpoint_replay),
             ), checkpoint_path)
             last_checkpoint = checkpoint_path
-        if stop.requested:
+        if stopping:
             print(f"checkpoint written to {checkpoint_path}; continue the run with:\n"
                   f"  python {os.path.relpath(__file__)} --resume {checkpoint_path}")
             break
 
-    if args.save_model and not stop.requested:
+    if args.save_model and not stopping:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         torch.save(q_net.state_dict(), model_path)
         print(f"model saved to {model_path}")

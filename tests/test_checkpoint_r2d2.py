@@ -11,10 +11,10 @@ from cleanrl import r2d2, r2d2_atari
 
 TINY = dict(total_timesteps=2000, num_envs=4, learning_starts=300, buffer_size=2000, batch_size=8, seq_len=10,
             burn_in=4, overlap=4, n_step=3, hidden_size=16, replay_ratio=4.0, target_update_interval=5,
-            log_interval=5, mask_velocity=True)
+            log_interval=5, mask_velocity=True, cuda=False)
 TINY_ATARI = dict(env_id="Pong-v5", total_timesteps=320, num_envs=2, learning_starts=100, buffer_size=2000,
                   batch_size=4, seq_len=8, burn_in=4, overlap=4, n_step=2, hidden_size=32, replay_ratio=1.0,
-                  target_update_interval=2, log_interval=2)
+                  target_update_interval=2, log_interval=2, cuda=False)
 
 
 class SignalOnStep:
@@ -60,6 +60,19 @@ def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
     assert not glob.glob("runs/*/*.tmp")
 
 
+def test_second_signal_exits_at_once():
+    previous = signal.getsignal(signal.SIGTERM)
+    stop = r2d2.StopSignal()
+    try:
+        signal.raise_signal(signal.SIGTERM)
+        assert stop.requested
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
 def test_resumed_run_is_bitwise_identical(tmp_path, monkeypatch):
     args = dict(TINY, checkpoint_replay=True, checkpoint_every=1000)
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
@@ -73,7 +86,7 @@ def test_resumed_run_is_bitwise_identical(tmp_path, monkeypatch):
         r2d2.main(r2d2.Args(**args))
     interrupted = load(only_checkpoint())
     assert interrupted["global_step"] == 948 and interrupted["updates"] > 0 and len(interrupted["replay"]["open"])
-    scores_b = r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000))
+    scores_b = r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, cuda=False))
     final_b = load(only_checkpoint())
 
     assert final_a["global_step"] == final_b["global_step"] == 2000
@@ -91,7 +104,7 @@ def test_resume_without_replay_collects_before_learning(tmp_path, monkeypatch, c
         interrupt_at_step(r2d2, patch, 150)
         r2d2.main(r2d2.Args(**TINY))
     updates_at_stop = load(only_checkpoint())["updates"]
-    scores = r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, buffer_size=123))
+    scores = r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, cuda=False, buffer_size=123))
     out = capsys.readouterr().out
     assert "replaying 150 logged environment steps" in out
     assert "--buffer-size=123" in out  # a flag the resumed run ignores, and says so
@@ -108,7 +121,10 @@ def test_unreadable_checkpoints_stop_with_a_clear_error(tmp_path, monkeypatch):
     data = open(only_checkpoint(), "rb").read()
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all" * 100)
-    for path in ("truncated.pt", "garbage.pt", "missing.pt"):
+    state = load(only_checkpoint())
+    torch.save(dict(state, version=0), tmp_path / "old_format.pt")
+    torch.save(dict(state, args=dict(state["args"], frame_stack=4)), tmp_path / "other_script.pt")
+    for path in ("truncated.pt", "garbage.pt", "missing.pt", "old_format.pt", "other_script.pt"):
         with pytest.raises(SystemExit, match="--resume"):
             r2d2.main(r2d2.Args(resume=path))
     with pytest.raises(SystemExit, match="--checkpoint-every"):
@@ -163,5 +179,5 @@ def test_atari_sigint_checkpoint_and_resume(tmp_path, monkeypatch):
         r2d2_atari.main(r2d2_atari.Args(**TINY_ATARI, checkpoint_replay=True))
     state = load(only_checkpoint())
     assert state["global_step"] == 160 and state["updates"] > 0 and state["stack"].shape == (2, 4, 84, 84)
-    scores = r2d2_atari.main(r2d2_atari.Args(resume=only_checkpoint(), checkpoint_every=10_000))
+    scores = r2d2_atari.main(r2d2_atari.Args(resume=only_checkpoint(), checkpoint_every=10_000, cuda=False))
     assert load(only_checkpoint())["global_step"] == 320 and all(np.isfinite(scores))
