@@ -181,3 +181,22 @@ def test_atari_sigint_checkpoint_and_resume(tmp_path, monkeypatch):
     assert state["global_step"] == 160 and state["updates"] > 0 and state["stack"].shape == (2, 4, 84, 84)
     scores = r2d2_atari.main(r2d2_atari.Args(resume=only_checkpoint(), checkpoint_every=10_000, cuda=False))
     assert load(only_checkpoint())["global_step"] == 320 and all(np.isfinite(scores))
+
+
+def test_tracked_run_resumes_its_wandb_run(offline_wandb, monkeypatch):
+    import wandb
+
+    init, ids = wandb.init, []
+
+    def recording_init(*args, **kwargs):
+        run = init(*args, **kwargs)
+        ids.append((kwargs.get("id"), run.id))
+        return run
+
+    monkeypatch.setattr(wandb, "init", recording_init)
+    with monkeypatch.context() as patch:
+        interrupt_at_step(r2d2, patch, 20)
+        r2d2.main(r2d2.Args(**dict(TINY, total_timesteps=200), track=True))
+    saved_id = load(only_checkpoint())["wandb_id"]
+    r2d2.main(r2d2.Args(resume=only_checkpoint(), track=True, cuda=False))
+    assert ids == [(None, saved_id), (saved_id, saved_id)]
