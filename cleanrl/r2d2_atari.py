@@ -628,13 +628,13 @@ def train(args: Args, checkpoint: Optional[dict], stop: StopSignal) -> list[floa
     """The training loop, from the start or from `checkpoint`; stops early with a checkpoint when `stop` asks."""
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_name = checkpoint["run_name"] if checkpoint else run_name
-    checkpoint_path, wandb_id = f"runs/{run_name}/checkpoint.pt", None
+    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+    wandb_id = checkpoint["wandb_id"] if checkpoint else None  # kept for a later tracked resume
     if args.track:
         import wandb
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True,
-                   id=checkpoint["wandb_id"] if checkpoint else None, resume="allow")
+                   config=vars(args), name=run_name, save_code=True, id=wandb_id, resume="allow")
         wandb_id = wandb.run.id
     # a resumed run drops what the interrupted one logged after its checkpoint
     writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
