@@ -12,8 +12,9 @@ Docs: docs/rl-algorithms/r2d2.md
 
 import os
 import random
+import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import envpool
@@ -101,6 +102,12 @@ class Args:
     """units of the LSTM and of each dueling head"""
     log_interval: int = 100
     """learner updates between logged losses"""
+    checkpoint_every: int = 0
+    """write a resumable checkpoint every this many agent steps (0: only when a SIGINT/SIGTERM stops the run)"""
+    checkpoint_replay: bool = False
+    """also store the replay buffer in checkpoints (large, but the resumed run is then exact)"""
+    resume: Optional[str] = None
+    """continue the run saved in this checkpoint, in the same run directory (and W&B run)"""
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
@@ -185,6 +192,12 @@ class SumTree:
         return leaf
 
 
+def max_sequences(capacity: int, num_envs: int, stride: int, window: int) -> int:
+    """Sequence slots of the replay: short episodes start more windows than one per stride, so room for twice
+    that many."""
+    return 2 * capacity // stride + 4 * num_envs * (window // stride + 2)
+
+
 class SequenceReplay:
     """Every observation is stored once, in one ring-buffered step stream per environment. A sequence is an
     index window into its stream: start slot, the positions [lo, hi) that belong to its episode (lo < 0: the
@@ -204,8 +217,7 @@ class SequenceReplay:
         self.rewards = np.zeros((num_envs, self.steps), dtype=np.float32)
         self.terminated = np.zeros((num_envs, self.steps), dtype=bool)
         self.truncated = np.zeros((num_envs, self.steps), dtype=bool)
-        # short episodes start more windows than one per stride: room for twice that many
-        self.max_seqs = 2 * capacity // self.stride + 4 * num_envs * (self.window // self.stride + 2)
+        self.max_seqs = max_sequences(capacity, num_envs, self.stride, self.window)
         self.seq_env = np.zeros(self.max_seqs, dtype=np.int64)
         self.seq_start = np.zeros(self.max_seqs, dtype=np.int64)  # absolute step of position 0
         self.seq_lo = np.zeros(self.max_seqs, dtype=np.int64)
@@ -216,6 +228,26 @@ class SequenceReplay:
         self.open = np.zeros(0, dtype=np.int64)  # windows still being filled (priority 0 until complete)
         self.next_seq, self.t, self.max_priority = 0, 0, 1.0
         self.episode_start = np.zeros(num_envs, dtype=np.int64)
+
+    def state_dict(self, with_arrays: bool) -> dict:
+        """The write position and episode starts always (windows opened after a resume need them); the stored
+        steps, sequences, open windows and sum tree only `with_arrays`. Arrays go out as tensors sharing their
+        memory: torch.save writes those without a pickled copy of a large replay."""
+        state = dict(t=self.t, episode_start=self.episode_start.copy())
+        if with_arrays:
+            names = ["obs", "actions", "rewards", "terminated", "truncated", "seq_env", "seq_start", "seq_lo",
+                     "seq_hi", "seq_h", "seq_c", "open"]
+            state.update({name: torch.from_numpy(getattr(self, name)) for name in names})
+            state.update(tree=torch.from_numpy(self.tree.nodes), next_seq=self.next_seq, max_priority=self.max_priority)
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, value in state.items():
+            value = value.numpy() if isinstance(value, torch.Tensor) else value
+            if name == "tree":
+                self.tree.nodes = value
+            else:
+                setattr(self, name, value)
 
     def bytes_per_observation(self) -> float:
         arrays = [self.obs, self.actions, self.rewards, self.terminated, self.truncated, self.seq_env,
@@ -299,6 +331,29 @@ class SequenceReplay:
     def update_priorities(self, ids: np.ndarray, priorities: np.ndarray) -> None:
         self.max_priority = max(self.max_priority, float(priorities.max()))
         self.tree.update(ids, priorities**self.priority_exponent)
+
+
+def replay_memory_bytes(args: Args, obs_shape: tuple, obs_dtype) -> int:
+    """Bytes that SequenceReplay allocates for these flags: the step streams and the per-sequence records with
+    their sum tree (computed from the flags, before anything is allocated)."""
+    steps, stride, window = args.buffer_size // args.num_envs, args.seq_len - args.overlap, args.seq_len + args.n_step
+    per_step = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 1 + 4 + 1 + 1  # obs, action, reward, flags
+    max_seqs = max_sequences(args.buffer_size, args.num_envs, stride, window)
+    per_sequence = 4 * 8 + 2 * args.hidden_size * 4  # env, start, lo, hi; h and c
+    tree = 2 * (1 << (max_seqs - 1).bit_length()) * 8
+    return args.num_envs * (steps * per_step + 8) + max_seqs * per_sequence + tree  # + each env's episode start
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable of /proc/meminfo (free plus reclaimable), or the free pages where there is none."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def value_rescale(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
@@ -436,23 +491,138 @@ def validate_args(args: Args) -> None:
         ("epsilon-decay-fraction", args.epsilon_decay_fraction, 0 <= args.epsilon_decay_fraction <= 1, "in [0, 1]"),
         ("priority-eta", args.priority_eta, 0 <= args.priority_eta <= 1, "in [0, 1]"),
         ("total-timesteps", args.total_timesteps, args.total_timesteps >= args.num_envs, "at least --num-envs"),
+        ("checkpoint-every", args.checkpoint_every, args.checkpoint_every >= 0, "at least 0 (0: only on a signal)"),
     ]
     for flag, value, ok, allowed in checks:
         if not ok:
             raise SystemExit(f"error: --{flag}={value}: {allowed}")
+    if args.resume is not None and not os.path.isfile(args.resume):
+        raise SystemExit(f"error: --resume={args.resume}: no such file")
+    obs_shape = envpool.make_spec(args.env_id).observation_space.shape
+    needed = replay_memory_bytes(args, observe(np.zeros((1, *obs_shape)), args.mask_velocity).shape[1:], np.float32)
+    available = available_memory_bytes()
+    if needed > available:
+        raise SystemExit(f"error: --buffer-size={args.buffer_size}: the replay needs about {needed / 1e9:,.1f} GB but "
+                         f"{available / 1e9:,.1f} GB are available; lower --buffer-size")
+
+
+class StopSignal:
+    """The first SIGINT/SIGTERM asks the training loop to stop after the current step, with a checkpoint; a second
+    one exits at once. `restore` puts the previous handlers back (tests call main in-process)."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("stopping after this step; a second signal exits at once")
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+CHECKPOINT_VERSION = 1
+CHECKPOINT_KEYS = ["version", "args", "run_name", "wandb_id", "iteration", "global_step", "updates", "update_credit",
+                   "learn_from", "q_net", "target_net", "optimizer", "rng", "scores", "episode_return",
+                   "episode_length", "obs", "h", "c", "is_first", "is_reset", "prev_action", "prev_reward",
+                   "action_log", "replay"]
+FLAGS_KEPT_ON_RESUME = ["resume", "checkpoint_every", "cuda", "track"]
+
+
+def rng_states(rng: np.random.Generator) -> dict:
+    return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
+                cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                generator=rng.bit_generator.state)
+
+
+def set_rng_states(states: dict, rng: np.random.Generator) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    rng.bit_generator.state = states["generator"]
+
+
+def save_checkpoint(state: dict, path: str) -> None:
+    """Written beside and then renamed over the previous one: a crash while writing leaves that one intact."""
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def load_checkpoint(path: str) -> dict:
+    try:
+        # weights_only=False: a checkpoint holds numpy and python RNG states (the model file stays weights-only)
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        if not isinstance(state, dict):
+            raise ValueError(f"holds a {type(state).__name__}, not a dict")
+        if state.get("version") != CHECKPOINT_VERSION:
+            raise ValueError(f"format version {state.get('version')!r}, expected {CHECKPOINT_VERSION}")
+        missing = [key for key in CHECKPOINT_KEYS if key not in state]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)}")
+        foreign = sorted(set(state["args"]) ^ set(vars(Args())))
+        if foreign:
+            raise ValueError(f"written by another script: flags {', '.join(foreign)} differ")
+    except Exception as e:
+        raise SystemExit(f"error: --resume={path}: not a readable checkpoint ({e})") from None
+    return state
+
+
+def resumed_args(saved: dict, given: Args) -> Args:
+    """The checkpoint's flags, apart from those a later session may change; names the given flags it ignores."""
+    defaults, given_values = vars(Args()), vars(given)
+    ignored = [key for key, value in given_values.items()
+               if key not in FLAGS_KEPT_ON_RESUME and value != saved.get(key) and value != defaults[key]]
+    if ignored:
+        flags = ", ".join(f"--{key.replace('_', '-')}={given_values[key]}" for key in ignored)
+        print(f"resume: these flags differ from the checkpoint's and are ignored: {flags}")
+    return replace(Args(**saved), **{key: given_values[key] for key in FLAGS_KEPT_ON_RESUME})
+
+
+def step_through(envs, action_log: np.ndarray, obs: np.ndarray) -> np.ndarray:
+    """Restores just reset environments by stepping them through the logged actions (envpool cannot save its
+    state, but it is deterministic given its seed and the actions); returns the last observation."""
+    print(f"resume: replaying {len(action_log)} logged environment steps")
+    for actions in action_log:
+        obs, *_ = envs.step(actions.astype(np.int64))
+    return obs
 
 
 def main(args: Args) -> list[float]:
+    checkpoint = None
+    if args.resume is not None:  # the run goes on with the checkpoint's flags: those are the ones to check
+        checkpoint = load_checkpoint(args.resume)
+        args = resumed_args(checkpoint["args"], args)
     validate_args(args)
+    stop = StopSignal()
+    try:
+        return train(args, checkpoint, stop)
+    finally:
+        stop.restore()
+
+
+def train(args: Args, checkpoint: Optional[dict], stop: StopSignal) -> list[float]:
+    """The training loop, from the start or from `checkpoint`; stops early with a checkpoint when `stop` asks."""
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_name = checkpoint["run_name"] if checkpoint else run_name
+    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
+    wandb_id = checkpoint["wandb_id"] if checkpoint else None  # kept for a later tracked resume
     if args.track:
         import wandb
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True)
-    writer = SummaryWriter(f"runs/{run_name}")
-    rows = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
+                   config=vars(args), name=run_name, save_code=True, id=wandb_id, resume="allow")
+        wandb_id = wandb.run.id
+    # a resumed run drops what the interrupted one logged after its checkpoint
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+    if checkpoint is None:
+        rows = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -481,8 +651,32 @@ def main(args: Args) -> list[float]:
     prev_action, prev_reward = np.full(num_envs, -1), np.zeros(num_envs, dtype=np.float32)
     episode_return, episode_length = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
     scores, update_credit, updates = [], 0.0, 0
+    num_iterations = args.total_timesteps // num_envs
+    action_log = np.zeros((num_iterations, num_envs), dtype=np.min_scalar_type(num_actions - 1))
+    start_iteration, learn_from, last_checkpoint = 0, args.learning_starts, None
+    if checkpoint is not None:
+        start_iteration = checkpoint["iteration"] + 1
+        action_log[:start_iteration] = checkpoint["action_log"]
+        obs = observe(step_through(envs, action_log[:start_iteration], obs), args.mask_velocity)
+        if not np.array_equal(obs, checkpoint["obs"]):
+            raise SystemExit(f"error: --resume={args.resume}: environment replay diverged from the checkpoint "
+                             "(another envpool version or machine?)")
+        q_net.load_state_dict(checkpoint["q_net"])
+        target_net.load_state_dict(checkpoint["target_net"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        rb.load_state_dict(checkpoint["replay"])
+        set_rng_states(checkpoint["rng"], rng)
+        h, c = checkpoint["h"].to(device), checkpoint["c"].to(device)
+        is_first, is_reset = checkpoint["is_first"], checkpoint["is_reset"]
+        prev_action, prev_reward = checkpoint["prev_action"], checkpoint["prev_reward"]
+        episode_return, episode_length = checkpoint["episode_return"], checkpoint["episode_length"]
+        scores, update_credit, updates = checkpoint["scores"], checkpoint["update_credit"], checkpoint["updates"]
+        learn_from, last_checkpoint = checkpoint["learn_from"], args.resume
+        if "obs" not in checkpoint["replay"]:  # the replay starts empty: collect again before learning
+            learn_from = checkpoint["global_step"] + args.learning_starts
+    start_step, stopping = start_iteration * num_envs, False
     start_time = last_print = time.time()
-    for iteration in range(args.total_timesteps // num_envs):
+    for iteration in range(start_iteration, num_iterations):
         global_step = (iteration + 1) * num_envs
         keep = torch.as_tensor(~is_first, device=device).float().unsqueeze(-1)
         h, c = h * keep, c * keep  # episode start: zero state, no previous action or reward
@@ -495,6 +689,7 @@ def main(args: Args) -> list[float]:
         actions = np.where(rng.random(num_envs) < epsilons, rng.integers(num_actions, size=num_envs),
                            q[0].argmax(-1).cpu().numpy())
         next_obs, reward, terminated, truncated, info = envs.step(actions)
+        action_log[iteration] = actions
         rb.add(obs, actions, reward, terminated, truncated, is_first, is_reset, h.cpu().numpy(), c.cpu().numpy())
 
         # true game score; envpool's reset step is no part of an episode
@@ -510,7 +705,7 @@ def main(args: Args) -> list[float]:
         prev_action, prev_reward = actions, np.clip(reward, -1, 1).astype(np.float32)
         is_first, is_reset = is_reset, terminated | truncated
 
-        if global_step > args.learning_starts and rb.tree.total() > 0:
+        if global_step > learn_from and rb.tree.total() > 0:
             update_credit += updates_per_vector_step
         while update_credit >= 1:
             update_credit -= 1
@@ -521,7 +716,11 @@ def main(args: Args) -> list[float]:
             loss = (batch["weights"] * per_sequence).mean()
             optimizer.zero_grad()
             loss.backward()
-            nn.utils.clip_grad_norm_(q_net.parameters(), args.max_grad_norm)
+            try:  # a NaN/inf loss or Q-value reaches the gradient norm: stop before it reaches the weights
+                nn.utils.clip_grad_norm_(q_net.parameters(), args.max_grad_norm, error_if_nonfinite=True)
+            except RuntimeError:
+                raise SystemExit(f"error: non-finite loss or Q-values at step {global_step}; last good checkpoint: "
+                                 f"{last_checkpoint or 'none written'}") from None
             optimizer.step()
             priorities = sequence_priorities(td.detach().abs(), mask, args.priority_eta)
             rb.update_priorities(ids, priorities.cpu().numpy())
@@ -534,15 +733,36 @@ def main(args: Args) -> list[float]:
                 writer.add_scalar("charts/beta", args.importance_exponent, global_step)
                 writer.add_scalar("charts/epsilon", float(epsilons.mean()), global_step)
                 writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-                writer.add_scalar("charts/SPS", int(global_step / (time.time() - start_time)), global_step)
+                sps = int((global_step - start_step) / (time.time() - start_time))
+                writer.add_scalar("charts/SPS", sps, global_step)
         if time.time() - last_print > 10:
             last_print = time.time()
-            sps = int(global_step / (last_print - start_time))
+            sps = int((global_step - start_step) / (last_print - start_time))
             mean = np.mean(scores[-100:]) if scores else float("nan")
             eta = time.strftime("%H:%M:%S", time.gmtime((args.total_timesteps - global_step) / max(sps, 1)))
             print(f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {mean:8.2f} | ETA {eta}")
 
-    if args.save_model:
+        every = args.checkpoint_every  # due when global_step crosses a multiple of it, and at the end
+        crossed = every > 0 and global_step // every > (global_step - num_envs) // every
+        due = crossed or (every > 0 and iteration + 1 == num_iterations)
+        stopping = stop.requested  # read once: a signal arriving in between must not skip the checkpoint
+        if due or stopping:
+            save_checkpoint(dict(
+                version=CHECKPOINT_VERSION, args=vars(args), run_name=run_name, wandb_id=wandb_id, iteration=iteration,
+                global_step=global_step, updates=updates, update_credit=update_credit, learn_from=learn_from,
+                q_net=q_net.state_dict(), target_net=target_net.state_dict(), optimizer=optimizer.state_dict(),
+                rng=rng_states(rng), scores=scores, episode_return=episode_return, episode_length=episode_length,
+                obs=obs, h=h.cpu(), c=c.cpu(), is_first=is_first, is_reset=is_reset, prev_action=prev_action,
+                prev_reward=prev_reward, action_log=action_log[: iteration + 1],
+                replay=rb.state_dict(with_arrays=args.checkpoint_replay),
+            ), checkpoint_path)
+            last_checkpoint = checkpoint_path
+        if stopping:
+            print(f"checkpoint written to {checkpoint_path}; continue the run with:\n"
+                  f"  python {os.path.relpath(__file__)} --resume {checkpoint_path}")
+            break
+
+    if args.save_model and not stopping:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         torch.save(q_net.state_dict(), model_path)
         print(f"model saved to {model_path}")

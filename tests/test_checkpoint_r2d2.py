@@ -1,0 +1,202 @@
+"""Checkpoints, resume, signals, non-finite stops and the memory pre-flight of cleanrl/r2d2.py and r2d2_atari.py."""
+
+import glob
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from cleanrl import r2d2, r2d2_atari
+
+TINY = dict(total_timesteps=2000, num_envs=4, learning_starts=300, buffer_size=2000, batch_size=8, seq_len=10,
+            burn_in=4, overlap=4, n_step=3, hidden_size=16, replay_ratio=4.0, target_update_interval=5,
+            log_interval=5, mask_velocity=True, cuda=False)
+TINY_ATARI = dict(env_id="Pong-v5", total_timesteps=320, num_envs=2, learning_starts=100, buffer_size=2000,
+                  batch_size=4, seq_len=8, burn_in=4, overlap=4, n_step=2, hidden_size=32, replay_ratio=1.0,
+                  target_update_interval=2, log_interval=2, cuda=False)
+
+
+class SignalOnStep:
+    """An envpool pool whose k-th step() raises SIGINT, as a user's Ctrl-C at a known moment."""
+
+    def __init__(self, envs, k):
+        self.envs, self.k, self.calls = envs, k, 0
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+    def step(self, actions):
+        self.calls += 1
+        if self.calls == self.k:
+            signal.raise_signal(signal.SIGINT)
+        return self.envs.step(actions)
+
+
+def interrupt_at_step(module, monkeypatch, k):
+    make_env = module.make_env
+    monkeypatch.setattr(module, "make_env", lambda *a, **kw: SignalOnStep(make_env(*a, **kw), k))
+
+
+def only_checkpoint():
+    (path,) = glob.glob("runs/*/checkpoint.pt")
+    return path
+
+
+def load(path):
+    return torch.load(path, weights_only=False)
+
+
+def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    interrupt_at_step(r2d2, monkeypatch, 100)
+    previous = signal.getsignal(signal.SIGINT)
+    r2d2.main(r2d2.Args(**TINY))
+    assert signal.getsignal(signal.SIGINT) is previous  # handlers restored
+    state = load(only_checkpoint())
+    assert state["global_step"] == 100 * 4 and state["iteration"] == 99
+    assert state["action_log"].shape == (100, 4) and state["action_log"].dtype == np.uint8
+    assert set(state["replay"]) == {"t", "episode_start"}  # no arrays without --checkpoint-replay
+    assert not glob.glob("runs/*/*.tmp")
+
+
+def test_second_signal_exits_at_once():
+    previous = signal.getsignal(signal.SIGTERM)
+    stop = r2d2.StopSignal()
+    try:
+        signal.raise_signal(signal.SIGTERM)
+        assert stop.requested
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        stop.restore()
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_resumed_run_is_bitwise_identical(tmp_path, monkeypatch):
+    args = dict(TINY, checkpoint_replay=True, checkpoint_every=1000)
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    scores_a = r2d2.main(r2d2.Args(**args))
+    final_a = load(only_checkpoint())
+
+    monkeypatch.chdir(tmp_path / "b")
+    with monkeypatch.context() as patch:
+        interrupt_at_step(r2d2, patch, 237)  # step 948: learning has begun, the replay holds open windows
+        r2d2.main(r2d2.Args(**args))
+    interrupted = load(only_checkpoint())
+    assert interrupted["global_step"] == 948 and interrupted["updates"] > 0 and len(interrupted["replay"]["open"])
+    scores_b = r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, cuda=False))
+    final_b = load(only_checkpoint())
+
+    assert final_a["global_step"] == final_b["global_step"] == 2000
+    for net in ("q_net", "target_net"):
+        for name, weight in final_a[net].items():
+            assert torch.equal(weight, final_b[net][name]), (net, name)
+    assert final_a["updates"] == final_b["updates"]
+    assert scores_a == scores_b and len(scores_a) > 10
+    assert np.array_equal(final_a["replay"]["tree"], final_b["replay"]["tree"])
+
+
+def test_resume_without_replay_collects_before_learning(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as patch:
+        interrupt_at_step(r2d2, patch, 150)
+        r2d2.main(r2d2.Args(**TINY))
+    updates_at_stop = load(only_checkpoint())["updates"]
+    scores = r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, cuda=False, buffer_size=123))
+    out = capsys.readouterr().out
+    assert "replaying 150 logged environment steps" in out
+    assert "--buffer-size=123" in out  # a flag the resumed run ignores, and says so
+    final = load(only_checkpoint())
+    assert final["global_step"] == 2000 and final["learn_from"] == 600 + 300
+    assert final["updates"] > updates_at_stop and all(np.isfinite(scores))
+
+
+def test_unreadable_checkpoints_stop_with_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as patch:
+        interrupt_at_step(r2d2, patch, 20)
+        r2d2.main(r2d2.Args(**TINY))
+    data = open(only_checkpoint(), "rb").read()
+    (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all" * 100)
+    state = load(only_checkpoint())
+    torch.save(dict(state, version=0), tmp_path / "old_format.pt")
+    torch.save(dict(state, args=dict(state["args"], frame_stack=4)), tmp_path / "other_script.pt")
+    for path in ("truncated.pt", "garbage.pt", "missing.pt", "old_format.pt", "other_script.pt"):
+        with pytest.raises(SystemExit, match="--resume"):
+            r2d2.main(r2d2.Args(resume=path))
+    with pytest.raises(SystemExit, match="--checkpoint-every"):
+        r2d2.main(r2d2.Args(checkpoint_every=-1))
+
+
+def test_non_finite_loss_stops_the_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    td_errors, calls = r2d2.sequence_td_errors, []
+
+    def nan_on_third_call(*args, **kwargs):
+        calls.append(1)
+        td, mask, q_taken = td_errors(*args, **kwargs)
+        return (td * float("nan") if len(calls) == 3 else td), mask, q_taken
+
+    monkeypatch.setattr(r2d2, "sequence_td_errors", nan_on_third_call)
+    with pytest.raises(SystemExit, match=r"non-finite .* at step \d+; last good checkpoint: none written"):
+        r2d2.main(r2d2.Args(**TINY))
+    assert not glob.glob("runs/*/checkpoint.pt")
+
+
+@pytest.mark.parametrize("module", [r2d2, r2d2_atari])
+def test_oversized_replay_is_refused_before_anything_is_built(module, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="--buffer-size=1000000000000: the replay needs about .* GB"):
+        module.main(module.Args(buffer_size=10**12))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("module, obs_shape, dtype", [(r2d2, (2,), np.float32), (r2d2_atari, (84, 84), np.uint8)])
+def test_replay_memory_estimate_matches_the_allocation(module, obs_shape, dtype):
+    args = module.Args(num_envs=3, buffer_size=3000, seq_len=10, burn_in=4, overlap=3, n_step=2, hidden_size=8)
+    extra = (args.frame_stack,) if module is r2d2_atari else ()
+    rb = module.SequenceReplay(3, 3000, obs_shape, dtype, 8, 10, 4, 3, 2, 0.9, *extra)
+    allocated = sum(value.nbytes for value in vars(rb).values() if isinstance(value, np.ndarray))
+    assert module.replay_memory_bytes(args, obs_shape, dtype) == allocated + rb.tree.nodes.nbytes
+
+
+def test_seeded_runs_are_reproducible(tmp_path, monkeypatch):
+    args = dict(TINY, total_timesteps=1200)
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    first = r2d2.main(r2d2.Args(**args))
+    monkeypatch.chdir(tmp_path / "b")
+    assert r2d2.main(r2d2.Args(**args)) == first and len(first) > 5
+
+
+def test_atari_sigint_checkpoint_and_resume(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with monkeypatch.context() as patch:
+        interrupt_at_step(r2d2_atari, patch, 80)
+        r2d2_atari.main(r2d2_atari.Args(**TINY_ATARI, checkpoint_replay=True))
+    state = load(only_checkpoint())
+    assert state["global_step"] == 160 and state["updates"] > 0 and state["stack"].shape == (2, 4, 84, 84)
+    scores = r2d2_atari.main(r2d2_atari.Args(resume=only_checkpoint(), checkpoint_every=10_000, cuda=False))
+    assert load(only_checkpoint())["global_step"] == 320 and all(np.isfinite(scores))
+
+
+def test_tracked_run_resumes_its_wandb_run(offline_wandb, monkeypatch):
+    import wandb
+
+    init, ids = wandb.init, []
+
+    def recording_init(*args, **kwargs):
+        run = init(*args, **kwargs)
+        ids.append((kwargs.get("id"), run.id))
+        return run
+
+    monkeypatch.setattr(wandb, "init", recording_init)
+    with monkeypatch.context() as patch:
+        interrupt_at_step(r2d2, patch, 20)
+        r2d2.main(r2d2.Args(**dict(TINY, total_timesteps=200), track=True))
+    saved_id = load(only_checkpoint())["wandb_id"]
+    r2d2.main(r2d2.Args(resume=only_checkpoint(), track=True, cuda=False))
+    assert ids == [(None, saved_id), (saved_id, saved_id)]
