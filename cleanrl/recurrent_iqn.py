@@ -125,7 +125,7 @@ class Args:
     log_interval: int = 100
     """the number of updates between loss logs (keeps device syncs out of the hot loop)"""
     checkpoint_every: int = 0
-    """write a resumable checkpoint every this many agent steps and at the end (0: only when SIGINT/SIGTERM stops the run)"""
+    """write a resumable checkpoint every this many agent steps and at the end (0: only on SIGINT/SIGTERM)"""
     checkpoint_replay: bool = False
     """also store the replay buffer in checkpoints (large, but the resumed run is then exact)"""
     resume: Optional[str] = None
@@ -738,7 +738,9 @@ def main(args: Args) -> list[float]:
     if checkpoint is not None:
         args = resumed_args(args, checkpoint["args"])
         validate_args(args)  # the checkpoint's flags, against this machine's memory
-    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if checkpoint is not None:
+        run_name = checkpoint["run_name"]
     wandb_id = None
     if args.track:
         import wandb
