@@ -13,6 +13,7 @@ Recurrent IQN" (RLtime). Docs: docs/rl-algorithms/recurrent_iqn.md
 
 import os
 import random
+import signal
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -122,6 +123,12 @@ class Args:
     """the episode cap in agent steps (27,000 steps = 108,000 frames)"""
     log_interval: int = 100
     """the number of updates between loss logs (keeps device syncs out of the hot loop)"""
+    checkpoint_every: int = 0
+    """write a resumable checkpoint every this many agent steps and at the end (0: only on SIGINT/SIGTERM)"""
+    checkpoint_replay: bool = False
+    """also store the replay buffer in checkpoints (large, but the resumed run is then exact)"""
+    resume: Optional[str] = None
+    """continue the run saved in this checkpoint, in the same run directory (and W&B run)"""
 
 
 def make_env(env_id, num_envs, seed, training, max_episode_steps):
@@ -346,6 +353,45 @@ class SequenceReplay:
         self.max_priority = max(self.max_priority, float(priorities.max()))
         self.priorities.update(ids, priorities)
 
+    ARRAYS = ["obs", "last_action", "action", "last_reward", "reward", "timestep", "episode_start", "reset_step",
+              "terminated", "truncated"]
+
+    def state_dict(self):
+        # Tensors sharing the arrays' memory: torch.save writes them without a pickled copy of the whole buffer.
+        arrays = {key: torch.from_numpy(getattr(self, key)) for key in self.ARRAYS}
+        return dict(arrays, state=self.state, pos=self.pos, max_priority=self.max_priority,
+                    priorities=None if self.priorities is None else self.priorities.tree)
+
+    def load_state_dict(self, saved):
+        for key in self.ARRAYS:
+            setattr(self, key, saved[key].numpy())
+        self.state = saved["state"].to(self.state.device)
+        self.pos, self.max_priority = saved["pos"], saved["max_priority"]
+        if self.priorities is not None:
+            self.priorities.tree = saved["priorities"]
+
+
+def replay_memory_bytes(args, obs_shape, obs_dtype):
+    """The bytes SequenceReplay allocates for these flags: the slots of every stream, the stored states of
+    every window and the sum tree (a Python-int count, so absurd sizes do not overflow)."""
+    capacity = args.buffer_size // args.num_envs // args.seq_len * args.seq_len
+    slot = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 2 * 2 + 3 * 4 + 4  # int16 x2, float32 x3, bool x4
+    windows = args.num_envs * (capacity // args.seq_len)
+    tree = 2 * 8 * (1 << max(windows - 1, 1).bit_length()) if args.prioritized_replay else 0
+    return args.num_envs * capacity * slot + windows * 2 * args.lstm_size * 4 + tree
+
+
+def available_memory_bytes():
+    """MemAvailable of /proc/meminfo (free memory plus what the kernel can reclaim), else the free pages."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
 
 def n_step_targets(reward, terminated, truncated, gamma, n):
     """Multi-step returns that stop at episode ends, for the first T - n slots of a window.
@@ -410,6 +456,15 @@ class Agent:
         self.episode_start = np.ones(num_envs, dtype=bool)
         self.game_steps = np.zeros(num_envs, dtype=np.int64)  # agent steps since the game began
         self.game_over = np.zeros(num_envs, dtype=bool)
+
+    def state_dict(self):
+        return dict(state=self.state, last_action=self.last_action, last_reward=self.last_reward,
+                    episode_start=self.episode_start, game_steps=self.game_steps, game_over=self.game_over)
+
+    def load_state_dict(self, saved):
+        self.state = tuple(x.to(self.device) for x in saved["state"])
+        for key in ["last_action", "last_reward", "episode_start", "game_steps", "game_over"]:
+            setattr(self, key, saved[key])
 
     def inputs(self):
         return dict(last_action=self.last_action, last_reward=self.last_reward,
@@ -486,7 +541,8 @@ def train_step(args, network, target_network, optimizer, rb, device):
     loss_value = (loss * mask * weights).sum() / mask.sum().clamp(min=1.0)
     optimizer.zero_grad(set_to_none=True)
     loss_value.backward()
-    nn.utils.clip_grad_norm_(network.parameters(), args.max_grad_norm)
+    # A NaN or inf in the loss or the Q-values reaches the gradient norm: raise instead of training on it.
+    nn.utils.clip_grad_norm_(network.parameters(), args.max_grad_norm, error_if_nonfinite=True)
     optimizer.step()
     if probs is not None:  # R2D2's sequence priority from the mean absolute sampled TD error of each step
         td = ((targets.unsqueeze(2) - chosen.detach().unsqueeze(3)).abs().mean((2, 3)) * mask).cpu().numpy()
@@ -563,6 +619,16 @@ def validate_args(args):
                          f"--seq-len + --n-step steps per environment ({2 * (args.seq_len + args.n_step) * args.num_envs})")
     if args.replay_ratio <= 0:
         raise SystemExit(f"error: --replay-ratio={args.replay_ratio}: must be positive")
+    if args.checkpoint_every < 0:
+        raise SystemExit(f"error: --checkpoint-every={args.checkpoint_every}: must be at least 0")
+    if args.resume is not None and not os.path.isfile(args.resume):
+        raise SystemExit(f"error: --resume={args.resume}: no such file")
+    space = envpool.make_spec(args.env_id, stack_num=1).observation_space  # the spec only: no environment is built
+    need = replay_memory_bytes(args, space.shape, space.dtype)
+    available = available_memory_bytes()
+    if need > available:
+        raise SystemExit(f"error: --buffer-size={args.buffer_size}: the replay needs about {need / 1e9:,.1f} GB but "
+                         f"{available / 1e9:,.1f} GB are available; lower --buffer-size")
     if args.capture_video:
         try:
             import ale_py, moviepy  # noqa: F401
@@ -570,16 +636,111 @@ def validate_args(args):
             raise SystemExit("error: --capture-video: needs ale-py and moviepy (pip install 'cleanrl-q[video]')")
 
 
+CHECKPOINT_VERSION = 1
+CHECKPOINT_KEYS = {"format_version", "args", "run_name", "wandb_id", "global_step", "iteration", "updates",
+                   "learning_starts_at", "network", "target_network", "optimizer", "rng", "agent", "obs", "reset_step",
+                   "episode_returns", "episode_return", "episode_length", "logs", "action_log", "replay"}
+
+
+def rng_states():
+    """Every random number generator the run draws from (this script owns no np.random.Generator)."""
+    return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
+                cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+
+
+def restore_rng_states(saved):
+    random.setstate(saved["python"])
+    np.random.set_state(saved["numpy"])
+    torch.set_rng_state(saved["torch"])
+    if saved["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(saved["cuda"])
+
+
+def save_checkpoint(path, state):
+    """Writes through a temporary file, so a run killed while writing keeps its previous checkpoint whole."""
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def read_checkpoint(path):
+    try:  # numpy RNG states and arrays are not weights: the full unpickler is needed
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # a truncated or corrupted file fails anywhere inside the unpickler
+        reason = f"{type(error).__name__}: {error}"
+    else:
+        if not isinstance(checkpoint, dict) or checkpoint.get("format_version") != CHECKPOINT_VERSION:
+            reason = f"not a format {CHECKPOINT_VERSION} checkpoint of this script"
+        elif CHECKPOINT_KEYS - set(checkpoint):
+            reason = f"missing {', '.join(sorted(CHECKPOINT_KEYS - set(checkpoint)))}"
+        else:
+            return checkpoint
+    raise SystemExit(f"error: --resume={path}: not a readable checkpoint ({reason})")
+
+
+def resumed_args(given, saved):
+    """The checkpoint's flags, except the few a resumed run may change; says which other given flags are ignored."""
+    kept = ["resume", "checkpoint_every", "cuda", "track"]
+    defaults = Args()
+    ignored = [f"--{key.replace('_', '-')}={value}" for key, value in vars(given).items()
+               if key not in kept and value != getattr(defaults, key) and value != saved.get(key)]
+    if ignored:
+        print(f"resuming with the checkpoint's flags; ignored: {' '.join(ignored)}")
+    return Args(**{**saved, **{key: getattr(given, key) for key in kept}})
+
+
+def replay_environment(envs, action_log, saved_obs):
+    """envpool cannot save its state but is deterministic given its seed and the actions: a fresh pool stepped
+    through every logged action (reset steps included) is back where the checkpoint left it."""
+    print(f"replaying {len(action_log)} environment steps to restore the environments")
+    obs, _ = envs.reset()
+    for actions in action_log:
+        obs = envs.step(actions.astype(np.int64))[0]
+    if not np.array_equal(obs, saved_obs):
+        raise SystemExit("error: environment replay diverged from the checkpoint (a different envpool version?)")
+    return obs
+
+
+def install_stop_handlers():
+    """The first SIGINT/SIGTERM asks the loop to stop after the current step (it then writes a checkpoint); a
+    second exits at once. Returns the request flag and the previous handlers, to be restored."""
+    stop = {"requested": False}
+
+    def handler(signum, frame):
+        if stop["requested"]:
+            raise KeyboardInterrupt
+        stop["requested"] = True
+        print("stopping after this step; a second signal exits at once")
+
+    return stop, {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def restore_handlers(previous):
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
 def main(args: Args) -> list[float]:
     validate_args(args)
+    checkpoint = read_checkpoint(args.resume) if args.resume else None
+    if checkpoint is not None:
+        args = resumed_args(args, checkpoint["args"])
+        validate_args(args)  # the checkpoint's flags, against this machine's memory
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    if checkpoint is not None:
+        run_name = checkpoint["run_name"]
+    wandb_id = None
     if args.track:
         import wandb
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True)
-    writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+                   config=vars(args), name=run_name, save_code=True,
+                   **(dict(id=checkpoint["wandb_id"], resume="allow") if checkpoint else {}))
+        wandb_id = wandb.run.id
+    # A resumed run drops the events logged after its checkpoint, which the resumed run logs again.
+    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] if checkpoint else None)
+    if checkpoint is None:
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -600,14 +761,39 @@ def main(args: Args) -> list[float]:
     update_every = max(1, round(args.batch_size * args.seq_len / args.replay_ratio / args.num_envs))
     target_every = max(1, args.target_network_frequency // (args.num_envs * update_every))
     num_iterations = args.total_timesteps // args.num_envs
+    # The actions of every envs.step call: replaying them rebuilds the environments on resume.
+    action_log = np.zeros((num_iterations, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
 
     episode_returns, episode_return = [], np.zeros(args.num_envs)
     episode_length = np.zeros(args.num_envs, dtype=np.int64)
     reset_step = np.zeros(args.num_envs, dtype=bool)
-    obs, _ = envs.reset()
+    updates, global_step, start_iteration, logs = 0, 0, 1, None
+    learning_starts_at, checkpoint_path = args.learning_starts, None
+    if checkpoint is None:
+        obs, _ = envs.reset()
+    else:
+        network.load_state_dict(checkpoint["network"])
+        target_network.load_state_dict(checkpoint["target_network"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        agent.load_state_dict(checkpoint["agent"])
+        global_step, updates = checkpoint["global_step"], checkpoint["updates"]
+        logs = None if checkpoint["logs"] is None else tuple(x.to(device) for x in checkpoint["logs"])
+        start_iteration, learning_starts_at = checkpoint["iteration"] + 1, checkpoint["learning_starts_at"]
+        if checkpoint["replay"] is not None:
+            rb.load_state_dict(checkpoint["replay"])
+        else:  # an empty buffer: act for learning_starts steps again before learning
+            learning_starts_at = global_step + args.learning_starts
+        episode_returns, episode_return = checkpoint["episode_returns"], checkpoint["episode_return"]
+        episode_length, reset_step = checkpoint["episode_length"], checkpoint["reset_step"]
+        action_log[: checkpoint["iteration"]] = checkpoint["action_log"]
+        obs = replay_environment(envs, checkpoint["action_log"], checkpoint["obs"])
+        restore_rng_states(checkpoint["rng"])
+        checkpoint_path = args.resume
+    # Installed only now, so that every way out of the loop below restores them (main also runs inside tests).
+    stop, previous_handlers = install_stop_handlers()
     start_time = last_print = time.time()
-    updates, global_step, logs = 0, 0, None
-    for iteration in range(1, num_iterations + 1):
+    start_step = global_step
+    for iteration in range(start_iteration, num_iterations + 1):
         global_step = iteration * args.num_envs
         base_epsilon = base_epsilon_schedule(global_step, args.total_timesteps, args.start_epsilon,
                                              args.end_epsilon, args.exploration_fraction)
@@ -615,6 +801,7 @@ def main(args: Args) -> list[float]:
         state_before = agent.state
         inputs = agent.inputs()
         actions = agent.act(obs, epsilons)
+        action_log[iteration - 1] = actions
         next_obs, reward, terminated, truncated, info = envs.step(actions)
         rb.add(state_before, obs=obs, action=actions, reward=reward, terminated=terminated, truncated=truncated,
                reset_step=reset_step, **inputs)
@@ -632,10 +819,19 @@ def main(args: Args) -> list[float]:
         reset_step = terminated | truncated
         obs = next_obs
 
-        if global_step > args.learning_starts and iteration % update_every == 0 and rb.pos >= rb.window:
+        if global_step > learning_starts_at and iteration % update_every == 0 and rb.pos >= rb.window:
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
-            loss, q_values = train_step(args, network, target_network, optimizer, rb, device)
+            try:
+                loss, q_values = train_step(args, network, target_network, optimizer, rb, device)
+            except RuntimeError as error:
+                if "non-finite" not in str(error):
+                    raise
+                envs.close()
+                writer.close()
+                restore_handlers(previous_handlers)
+                raise SystemExit(f"error: non-finite loss or Q-values at step {global_step}; last good checkpoint: "
+                                 f"{checkpoint_path or 'none written'}") from error
             updates += 1
             logs = (loss, q_values) if logs is None else (logs[0] + loss, logs[1] + q_values)
             if updates % args.log_interval == 0:
@@ -651,14 +847,30 @@ def main(args: Args) -> list[float]:
 
         if time.time() - last_print > 10 or iteration == num_iterations:
             last_print = time.time()
-            sps = int(global_step / (last_print - start_time))
+            sps = int((global_step - start_step) / (last_print - start_time))
             writer.add_scalar("charts/SPS", sps, global_step)
             mean = np.mean(episode_returns[-100:]) if episode_returns else float("nan")
             eta = time.strftime("%H:%M:%S", time.gmtime((args.total_timesteps - global_step) / max(sps, 1)))
             print(f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {mean:8.2f} | ETA {eta}")
 
+        every = args.checkpoint_every
+        if stop["requested"] or (every > 0 and (global_step % every < args.num_envs or iteration == num_iterations)):
+            checkpoint_path = save_checkpoint(f"runs/{run_name}/checkpoint.pt", dict(
+                format_version=CHECKPOINT_VERSION, args=vars(args), run_name=run_name, wandb_id=wandb_id,
+                global_step=global_step, iteration=iteration, updates=updates, learning_starts_at=learning_starts_at,
+                network=network.state_dict(), target_network=target_network.state_dict(),
+                optimizer=optimizer.state_dict(), rng=rng_states(), agent=agent.state_dict(), obs=obs,
+                reset_step=reset_step, episode_returns=episode_returns, episode_return=episode_return,
+                episode_length=episode_length, logs=logs, action_log=action_log[:iteration],
+                replay=rb.state_dict() if args.checkpoint_replay else None))
+        if stop["requested"]:
+            print(f"checkpoint written to {checkpoint_path}; resume with: "
+                  f"python cleanrl/{os.path.basename(__file__)} --resume {checkpoint_path}")
+            break
+
     envs.close()
-    if args.save_model:
+    restore_handlers(previous_handlers)
+    if args.save_model and not stop["requested"]:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         torch.save(network.state_dict(), model_path)
         print(f"model saved to {model_path}")

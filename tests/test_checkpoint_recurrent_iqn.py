@@ -1,0 +1,176 @@
+"""Checkpoints of recurrent_iqn.py and recurrent_iqn_atari.py: a signal stops a run with a checkpoint, a resumed
+run is bitwise the uninterrupted one, unreadable checkpoints, NaNs and oversized buffers stop with a clear
+message, and seeded runs repeat exactly."""
+
+import glob
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from cleanrl import recurrent_iqn, recurrent_iqn_atari
+
+TINY = dict(lstm_size=8, hidden_size=8, quantile_embedding_dim=6, num_quantiles=3, num_target_quantiles=3,
+            num_action_quantiles=3, cuda=False, num_envs=4, buffer_size=400, seq_len=6, batch_size=4,
+            learning_starts=160, target_network_frequency=160, log_interval=2)
+
+
+def vector_args(**kw):
+    return recurrent_iqn.Args(**{**TINY, "total_timesteps": 2000, **kw})
+
+
+def interrupt_at_step(monkeypatch, module, k):
+    """The k-th envs.step call of the next pool the module builds raises SIGINT, as a user pressing Ctrl-C."""
+    make_env = module.make_env
+
+    class Interrupting:
+        def __init__(self, envs):
+            self.envs, self.calls = envs, 0
+            self.action_space, self.observation_space = envs.action_space, envs.observation_space
+
+        def reset(self, **kwargs):
+            return self.envs.reset(**kwargs)
+
+        def step(self, actions):
+            self.calls += 1
+            if self.calls == k:
+                signal.raise_signal(signal.SIGINT)
+            return self.envs.step(actions)
+
+        def close(self):
+            self.envs.close()
+
+    def interrupting_make_env(*args, **kwargs):
+        monkeypatch.setattr(module, "make_env", make_env)  # only the first pool (the resumed run gets a plain one)
+        return Interrupting(make_env(*args, **kwargs))
+
+    monkeypatch.setattr(module, "make_env", interrupting_make_env)
+
+
+def load(path):
+    return torch.load(path, weights_only=False)
+
+
+def checkpoint_path():
+    (path,) = glob.glob("runs/*/checkpoint.pt")
+    return os.path.abspath(path)
+
+
+def test_sigint_writes_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    interrupt_at_step(monkeypatch, recurrent_iqn, 50)
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    recurrent_iqn.main(vector_args(save_model=True))
+    (path,) = glob.glob("runs/*/checkpoint.pt")
+    checkpoint = load(path)
+    assert checkpoint["global_step"] == 50 * 4 and checkpoint["replay"] is None
+    assert not glob.glob("runs/*/*.cleanrl_model")  # an interrupted run neither saves nor evaluates the model
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
+
+
+@pytest.mark.parametrize("options", [{}, dict(prioritized_replay=True)], ids=["uniform", "prioritized"])
+def test_resumed_run_is_bitwise_the_uninterrupted_run(options, tmp_path, monkeypatch):
+    flags = dict(checkpoint_every=1000, checkpoint_replay=True, **options)
+    for run in "ab":  # separate run directories: two runs can start within the same second
+        (tmp_path / run).mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    returns_a = recurrent_iqn.main(vector_args(**flags))
+    path_a = checkpoint_path()
+
+    monkeypatch.chdir(tmp_path / "b")
+    interrupt_at_step(monkeypatch, recurrent_iqn, 240)  # global step 960, between two periodic checkpoints
+    recurrent_iqn.main(vector_args(**flags))
+    path_b = checkpoint_path()
+    assert load(path_b)["global_step"] == 960
+    returns_b = recurrent_iqn.main(vector_args(resume=path_b, checkpoint_every=1000))
+
+    a, b = load(path_a), load(path_b)
+    assert a["global_step"] == b["global_step"] == 2000
+    for key in ["network", "target_network"]:
+        assert all(torch.equal(a[key][name], b[key][name]) for name in a[key])
+    for state_a, state_b in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert all(torch.equal(state_a[key], state_b[key]) for key in ["exp_avg", "exp_avg_sq"])
+    assert a["updates"] == b["updates"] > 0
+    assert returns_a == returns_b and len(returns_a) > 0
+
+
+def test_resume_without_replay_waits_for_learning_starts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    interrupt_at_step(monkeypatch, recurrent_iqn, 100)
+    recurrent_iqn.main(vector_args())
+    (path,) = glob.glob("runs/*/checkpoint.pt")
+    assert load(path)["updates"] > 0
+    train_step, filled = recurrent_iqn.train_step, []  # steps per environment in the replay at each update
+    monkeypatch.setattr(recurrent_iqn, "train_step", lambda *a: filled.append(a[4].pos) or train_step(*a))
+    recurrent_iqn.main(vector_args(resume=path, total_timesteps=1000))
+    assert filled and min(filled) > 160 // 4  # the empty buffer is filled for learning_starts steps again
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_unreadable_checkpoint_is_refused(damage, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    interrupt_at_step(monkeypatch, recurrent_iqn, 10)
+    recurrent_iqn.main(vector_args(total_timesteps=400))
+    (path,) = glob.glob("runs/*/checkpoint.pt")
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2] if damage == "truncated" else b"not a checkpoint at all" * 10)
+    with pytest.raises(SystemExit, match="--resume=.*not a readable checkpoint"):
+        recurrent_iqn.main(vector_args(resume=path))
+    with pytest.raises(SystemExit, match="--resume"):
+        recurrent_iqn.main(vector_args(resume="no/such/checkpoint.pt"))
+
+
+def test_non_finite_loss_stops_the_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    loss, calls = recurrent_iqn.quantile_huber_loss, []
+
+    def nan_on_third_call(*args, **kwargs):
+        calls.append(1)
+        value = loss(*args, **kwargs)
+        return value * float("nan") if len(calls) == 3 else value
+
+    monkeypatch.setattr(recurrent_iqn, "quantile_huber_loss", nan_on_third_call)
+    handler = signal.getsignal(signal.SIGINT)
+    # updates every 40 steps from step 160 on (32 slots x 6 / replay ratio 16 / 4 envs = 3 iterations; first at 168)
+    with pytest.raises(SystemExit, match=r"non-finite loss or Q-values at step \d+; last good checkpoint: none"):
+        recurrent_iqn.main(vector_args(total_timesteps=400))
+    assert not glob.glob("runs/*/checkpoint.pt") and signal.getsignal(signal.SIGINT) == handler
+
+
+@pytest.mark.parametrize("module", [recurrent_iqn, recurrent_iqn_atari], ids=["vector", "atari"])
+def test_oversized_buffer_is_refused_before_envs_are_built(module, monkeypatch):
+    monkeypatch.setattr(module, "make_env", lambda *a, **k: pytest.fail("an environment was built"))
+    with pytest.raises(SystemExit, match=r"--buffer-size=1000000000000: the replay needs about .* GB but"):
+        module.main(module.Args(buffer_size=10**12, cuda=False))
+
+
+def test_replay_memory_estimate_matches_the_allocation():
+    args = vector_args(buffer_size=4000, prioritized_replay=True)
+    rb = recurrent_iqn.SequenceReplay(args, (2,), np.float32, args.lstm_size, torch.device("cpu"))
+    allocated = sum(getattr(rb, key).nbytes for key in rb.ARRAYS) + rb.state.nbytes + rb.priorities.tree.nbytes
+    assert recurrent_iqn.replay_memory_bytes(args, (2,), np.float32) == allocated
+
+
+def test_seeded_runs_repeat_exactly(tmp_path, monkeypatch):
+    for run in "ab":  # separate run directories: two runs can start within the same second
+        (tmp_path / run).mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    first = recurrent_iqn.main(vector_args(total_timesteps=1000))
+    monkeypatch.chdir(tmp_path / "b")
+    second = recurrent_iqn.main(vector_args(total_timesteps=1000))
+    assert first == second and len(first) > 0
+
+
+def test_atari_sigint_checkpoint_and_resume(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = dict(TINY, env_id="Breakout-v5", total_timesteps=400, max_episode_steps=80, checkpoint_replay=True)
+    interrupt_at_step(monkeypatch, recurrent_iqn_atari, 45)
+    recurrent_iqn_atari.main(recurrent_iqn_atari.Args(**args))
+    (path,) = glob.glob("runs/*/checkpoint.pt")
+    checkpoint = load(path)
+    assert checkpoint["global_step"] == 180 and checkpoint["replay"]["obs"].dtype == torch.uint8
+    returns = recurrent_iqn_atari.main(recurrent_iqn_atari.Args(**args, resume=path, checkpoint_every=400))
+    assert load(path)["global_step"] == 400 and len(returns) > 0  # every game ends at 80 steps
