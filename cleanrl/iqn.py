@@ -510,6 +510,8 @@ def main(args: Args) -> list[float]:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # a network this small only pays synchronization for intra-op threads
 
     envs = make_env(args.env_id, args.num_envs, args.seed)
     num_actions = envs.single_action_space.n

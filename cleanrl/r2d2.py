@@ -630,6 +630,8 @@ def train(args: Args, checkpoint: Optional[dict], stop: StopSignal) -> list[floa
     torch.backends.cudnn.deterministic = args.torch_deterministic
     rng = np.random.default_rng(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # a network this small only pays synchronization for intra-op threads
 
     envs = make_env(args.env_id, args.num_envs, args.seed)
     num_envs, num_actions = args.num_envs, int(envs.action_space.n)
