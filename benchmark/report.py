@@ -342,6 +342,7 @@ def plot_learning_curves(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     num_cols = min(3, len(env_ids))
     num_rows = -(-len(env_ids) // num_cols)
@@ -358,6 +359,7 @@ def plot_learning_curves(
             ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
         ax.set_title(env_id)
         ax.set_xlabel("env steps")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))  # 200k, 1M: no overlapping labels
         ax.set_ylabel(f"episodic return ({window}-episode mean)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
