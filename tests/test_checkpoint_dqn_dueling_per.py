@@ -9,33 +9,13 @@ import pytest
 import torch
 
 import cleanrl.dqn_dueling_per as script
+from interrupts import interrupt_at_step
 from cleanrl.dqn_dueling_per import Args, NStepWindow, PrioritizedReplayBuffer, main, replay_memory_bytes
 
 SMALL = dict(total_timesteps=2000, num_envs=4, hidden_size=16, buffer_size=1000, batch_size=32,
              learning_starts=200, train_frequency=4, target_network_frequency=100)
 TINY_ATARI = dict(env_id="Breakout-v5", total_timesteps=96, num_envs=2, buffer_size=64, batch_size=4,
                   learning_starts=16, train_frequency=2, target_network_frequency=16)
-
-
-class SignalOnStep:
-    """Wraps an env pool so that its k-th step() raises SIGINT in this process, as Ctrl-C would."""
-
-    def __init__(self, envs, k):
-        self.envs, self.k, self.calls = envs, k, 0
-
-    def step(self, actions):
-        self.calls += 1
-        if self.calls == self.k:
-            signal.raise_signal(signal.SIGINT)
-        return self.envs.step(actions)
-
-    def __getattr__(self, name):
-        return getattr(self.envs, name)
-
-
-def interrupt_at_step(monkeypatch, k):
-    make_env = script.make_env
-    monkeypatch.setattr(script, "make_env", lambda *a, **kw: SignalOnStep(make_env(*a, **kw), k))
 
 
 def only_checkpoint():
@@ -50,7 +30,7 @@ def load(path):
 
 def test_sigint_writes_a_checkpoint_and_stops(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    interrupt_at_step(monkeypatch, 50)
+    interrupt_at_step(monkeypatch, script, 50)
     handler_before = signal.getsignal(signal.SIGINT)
     scores = main(Args(**SMALL, save_model=True))
     assert signal.getsignal(signal.SIGINT) is handler_before
@@ -72,7 +52,7 @@ def test_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
-        interrupt_at_step(patch, 240)  # step 960: between two periodic checkpoints
+        interrupt_at_step(patch, script, 240)  # step 960: between two periodic checkpoints
         main(Args(**args))
     path = only_checkpoint()
     assert load(path)["global_step"] == 960
@@ -91,7 +71,7 @@ def test_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
 def test_resume_without_replay_refills_the_buffer_and_finishes(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as patch:
-        interrupt_at_step(patch, 100)
+        interrupt_at_step(patch, script, 100)
         main(Args(**SMALL))
     path = only_checkpoint()
     loss, updates = script.weighted_huber_loss, []
@@ -110,7 +90,7 @@ def test_resume_without_replay_refills_the_buffer_and_finishes(tmp_path, monkeyp
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_unreadable_checkpoint_is_refused(tmp_path, monkeypatch, damage):
     monkeypatch.chdir(tmp_path)
-    interrupt_at_step(monkeypatch, 10)
+    interrupt_at_step(monkeypatch, script, 10)
     main(Args(**SMALL, checkpoint_replay=True))
     path = only_checkpoint()
     data = open(path, "rb").read()
@@ -122,7 +102,7 @@ def test_unreadable_checkpoint_is_refused(tmp_path, monkeypatch, damage):
 
 def test_diverged_environment_replay_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    interrupt_at_step(monkeypatch, 30)
+    interrupt_at_step(monkeypatch, script, 30)
     main(Args(**SMALL))
     path = only_checkpoint()
     checkpoint = load(path)
@@ -192,7 +172,7 @@ def test_seeded_runs_are_reproducible(tmp_path, monkeypatch):
 def test_atari_sigint_checkpoint_and_resume_smoke(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as patch:
-        interrupt_at_step(patch, 20)
+        interrupt_at_step(patch, script, 20)
         main(Args(**TINY_ATARI, checkpoint_replay=True))
     path = only_checkpoint()
     checkpoint = load(path)
@@ -205,7 +185,7 @@ def test_atari_sigint_checkpoint_and_resume_smoke(tmp_path, monkeypatch):
 
 def test_tracked_resume_continues_the_same_wandb_run(offline_wandb, monkeypatch):
     with monkeypatch.context() as patch:
-        interrupt_at_step(patch, 20)
+        interrupt_at_step(patch, script, 20)
         main(Args(**dict(SMALL, total_timesteps=200), track=True))
     path = only_checkpoint()
     saved_id = load(path)["wandb_id"]

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cleanrl import iqn, iqn_atari
+from interrupts import interrupt_at_step
 
 # CartPole with small nets: learning starts at step 200, one update per iteration of the 4 environments.
 SMALL = dict(total_timesteps=2000, num_envs=4, learning_starts=200, buffer_size=2000, batch_size=32,
@@ -15,27 +16,6 @@ SMALL = dict(total_timesteps=2000, num_envs=4, learning_starts=200, buffer_size=
 ATARI_TINY = dict(total_timesteps=240, num_envs=2, learning_starts=160, buffer_size=400, batch_size=4,
                   num_tau_samples=8, num_tau_prime_samples=8, num_quantile_samples=8, hidden_dim=32,
                   target_network_frequency=40, exploration_steps=100, eval_episodes=0, cuda=False)  # fmt: skip
-
-
-class SignalOnStep:
-    """An envpool pool whose k-th step() raises SIGINT, as a Ctrl-C pressed during that step would."""
-
-    def __init__(self, envs, k):
-        self.envs, self.k, self.calls = envs, k, 0
-
-    def step(self, actions):
-        self.calls += 1
-        if self.calls == self.k:
-            signal.raise_signal(signal.SIGINT)
-        return self.envs.step(actions)
-
-    def __getattr__(self, name):
-        return getattr(self.envs, name)
-
-
-def interrupt_at_step_call(monkeypatch, module, k):
-    make_env = module.make_env
-    monkeypatch.setattr(module, "make_env", lambda *a, **kw: SignalOnStep(make_env(*a, **kw), k))
 
 
 def checkpoint_path(root):
@@ -51,7 +31,7 @@ def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     previous = signal.getsignal(signal.SIGINT)
     with monkeypatch.context() as m:
-        interrupt_at_step_call(m, iqn, 50)
+        interrupt_at_step(m, iqn, 50)
         scores = iqn.main(iqn.Args(**SMALL, save_model=True))
     assert isinstance(scores, list)
     assert signal.getsignal(signal.SIGINT) is previous  # the handlers are given back
@@ -74,7 +54,7 @@ def test_resume_is_bitwise_exact(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as m:
-        interrupt_at_step_call(m, iqn, 240)
+        interrupt_at_step(m, iqn, 240)
         iqn.main(iqn.Args(**flags))
     path = checkpoint_path(tmp_path / "b")
     assert load(path)["global_step"] == 960  # interrupted before the periodic checkpoint at step 1000
@@ -94,7 +74,7 @@ def test_resume_is_bitwise_exact(tmp_path, monkeypatch):
 def test_resume_without_replay_refills_the_buffer(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as m:
-        interrupt_at_step_call(m, iqn, 100)  # step 400: learning has started, the buffer is not stored
+        interrupt_at_step(m, iqn, 100)  # step 400: learning has started, the buffer is not stored
         iqn.main(iqn.Args(**dict(SMALL, total_timesteps=1000)))
     path = checkpoint_path(tmp_path)
     updates_before = load(path)["num_updates"]
@@ -117,7 +97,7 @@ def test_unreadable_checkpoint_is_refused(damage, tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
     if damage == "truncated":
         with monkeypatch.context() as m:
-            interrupt_at_step_call(m, iqn, 3)
+            interrupt_at_step(m, iqn, 3)
             iqn.main(iqn.Args(**SMALL))
         data = checkpoint_path(tmp_path).read_bytes()
         path.write_bytes(data[: len(data) // 2])
@@ -184,7 +164,7 @@ def test_replay_memory_estimate_matches_the_allocated_arrays(module, frame_shape
 def test_atari_sigint_checkpoint_and_resume_without_replay(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as m:
-        interrupt_at_step_call(m, iqn_atari, 90)  # step 180: after learning started
+        interrupt_at_step(m, iqn_atari, 90)  # step 180: after learning started
         iqn_atari.main(iqn_atari.Args(**ATARI_TINY))
     path = checkpoint_path(tmp_path)
     ckpt = load(path)
@@ -203,7 +183,7 @@ def test_atari_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
     final_a = load(checkpoint_path(tmp_path / "a"))
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as m:
-        interrupt_at_step_call(m, iqn_atari, 85)  # step 170: between updates (learning starts after step 160)
+        interrupt_at_step(m, iqn_atari, 85)  # step 170: between updates (learning starts after step 160)
         iqn_atari.main(iqn_atari.Args(**flags))
     path = checkpoint_path(tmp_path / "b")
     scores_b = iqn_atari.main(iqn_atari.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
@@ -232,7 +212,7 @@ def test_add_history_rebuilds_the_current_stack():
 def test_tracked_resume_continues_the_wandb_run(offline_wandb, monkeypatch):
     flags = dict(SMALL, total_timesteps=400, track=True)
     with monkeypatch.context() as m:
-        interrupt_at_step_call(m, iqn, 50)
+        interrupt_at_step(m, iqn, 50)
         iqn.main(iqn.Args(**flags))
     path = checkpoint_path(offline_wandb.parent)
     run_id = load(path)["wandb_id"]

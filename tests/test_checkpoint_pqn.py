@@ -9,33 +9,10 @@ import pytest
 import torch
 
 from cleanrl import pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
+from interrupts import interrupt_at_step
 
 # 4 envs x 16 steps: 64 agent steps per iteration, 32 iterations, a periodic checkpoint at 1024 and one at the end.
 SMALL = dict(total_timesteps=2048, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2, checkpoint_every=1024)
-
-
-class SignalOnStep:
-    """Wraps an env pool so that its k-th step() call (counted over all pools made) raises SIGINT, once."""
-
-    calls = 0
-
-    def __init__(self, pool, k):
-        self.pool, self.k = pool, k
-
-    def __getattr__(self, name):
-        return getattr(self.pool, name)
-
-    def step(self, actions):
-        SignalOnStep.calls += 1
-        if SignalOnStep.calls == self.k:
-            signal.raise_signal(signal.SIGINT)
-        return self.pool.step(actions)
-
-
-def interrupt_at_step(monkeypatch, module, k):
-    SignalOnStep.calls = 0
-    original = module.make_env
-    monkeypatch.setattr(module, "make_env", lambda *a, **kw: SignalOnStep(original(*a, **kw), k))
 
 
 def only_run_dir(root: Path) -> Path:

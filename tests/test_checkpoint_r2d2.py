@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from cleanrl import r2d2, r2d2_atari
+from interrupts import interrupt_at_step
 
 TINY = dict(total_timesteps=2000, num_envs=4, learning_starts=300, buffer_size=2000, batch_size=8, seq_len=10,
             burn_in=4, overlap=4, n_step=3, hidden_size=16, replay_ratio=4.0, target_update_interval=5,
@@ -15,27 +16,6 @@ TINY = dict(total_timesteps=2000, num_envs=4, learning_starts=300, buffer_size=2
 TINY_ATARI = dict(env_id="Pong-v5", total_timesteps=320, num_envs=2, learning_starts=100, buffer_size=2000,
                   batch_size=4, seq_len=8, burn_in=4, overlap=4, n_step=2, hidden_size=32, replay_ratio=1.0,
                   target_update_interval=2, log_interval=2, cuda=False)
-
-
-class SignalOnStep:
-    """An envpool pool whose k-th step() raises SIGINT, as a user's Ctrl-C at a known moment."""
-
-    def __init__(self, envs, k):
-        self.envs, self.k, self.calls = envs, k, 0
-
-    def __getattr__(self, name):
-        return getattr(self.envs, name)
-
-    def step(self, actions):
-        self.calls += 1
-        if self.calls == self.k:
-            signal.raise_signal(signal.SIGINT)
-        return self.envs.step(actions)
-
-
-def interrupt_at_step(module, monkeypatch, k):
-    make_env = module.make_env
-    monkeypatch.setattr(module, "make_env", lambda *a, **kw: SignalOnStep(make_env(*a, **kw), k))
 
 
 def only_checkpoint():
@@ -49,7 +29,7 @@ def load(path):
 
 def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    interrupt_at_step(r2d2, monkeypatch, 100)
+    interrupt_at_step(monkeypatch, r2d2, 100)
     previous = signal.getsignal(signal.SIGINT)
     r2d2.main(r2d2.Args(**TINY))
     assert signal.getsignal(signal.SIGINT) is previous  # handlers restored
@@ -82,7 +62,7 @@ def test_resumed_run_is_bitwise_identical(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
-        interrupt_at_step(r2d2, patch, 237)  # step 948: learning has begun, the replay holds open windows
+        interrupt_at_step(patch, r2d2, 237)  # step 948: learning has begun, the replay holds open windows
         r2d2.main(r2d2.Args(**args))
     interrupted = load(only_checkpoint())
     assert interrupted["global_step"] == 948 and interrupted["updates"] > 0 and len(interrupted["replay"]["open"])
@@ -101,7 +81,7 @@ def test_resumed_run_is_bitwise_identical(tmp_path, monkeypatch):
 def test_resume_without_replay_collects_before_learning(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as patch:
-        interrupt_at_step(r2d2, patch, 150)
+        interrupt_at_step(patch, r2d2, 150)
         r2d2.main(r2d2.Args(**TINY))
     updates_at_stop = load(only_checkpoint())["updates"]
     scores = r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, cuda=False, buffer_size=123))
@@ -116,7 +96,7 @@ def test_resume_without_replay_collects_before_learning(tmp_path, monkeypatch, c
 def test_unreadable_checkpoints_stop_with_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as patch:
-        interrupt_at_step(r2d2, patch, 20)
+        interrupt_at_step(patch, r2d2, 20)
         r2d2.main(r2d2.Args(**TINY))
     data = open(only_checkpoint(), "rb").read()
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
@@ -175,7 +155,7 @@ def test_seeded_runs_are_reproducible(tmp_path, monkeypatch):
 def test_atari_sigint_checkpoint_and_resume(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as patch:
-        interrupt_at_step(r2d2_atari, patch, 80)
+        interrupt_at_step(patch, r2d2_atari, 80)
         r2d2_atari.main(r2d2_atari.Args(**TINY_ATARI, checkpoint_replay=True))
     state = load(only_checkpoint())
     assert state["global_step"] == 160 and state["updates"] > 0 and state["stack"].shape == (2, 4, 84, 84)
@@ -195,7 +175,7 @@ def test_tracked_run_resumes_its_wandb_run(offline_wandb, monkeypatch):
 
     monkeypatch.setattr(wandb, "init", recording_init)
     with monkeypatch.context() as patch:
-        interrupt_at_step(r2d2, patch, 20)
+        interrupt_at_step(patch, r2d2, 20)
         r2d2.main(r2d2.Args(**dict(TINY, total_timesteps=200), track=True))
     saved_id = load(only_checkpoint())["wandb_id"]
     r2d2.main(r2d2.Args(resume=only_checkpoint(), track=True, cuda=False))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cleanrl import recurrent_iqn, recurrent_iqn_atari
+from interrupts import interrupt_at_step
 
 TINY = dict(lstm_size=8, hidden_size=8, quantile_embedding_dim=6, num_quantiles=3, num_target_quantiles=3,
             num_action_quantiles=3, cuda=False, num_envs=4, buffer_size=400, seq_len=6, batch_size=4,
@@ -19,34 +20,6 @@ TINY = dict(lstm_size=8, hidden_size=8, quantile_embedding_dim=6, num_quantiles=
 
 def vector_args(**kw):
     return recurrent_iqn.Args(**{**TINY, "total_timesteps": 2000, **kw})
-
-
-def interrupt_at_step(monkeypatch, module, k):
-    """The k-th envs.step call of the next pool the module builds raises SIGINT, as a user pressing Ctrl-C."""
-    make_env = module.make_env
-
-    class Interrupting:
-        def __init__(self, envs):
-            self.envs, self.calls = envs, 0
-            self.action_space, self.observation_space = envs.action_space, envs.observation_space
-
-        def reset(self, **kwargs):
-            return self.envs.reset(**kwargs)
-
-        def step(self, actions):
-            self.calls += 1
-            if self.calls == k:
-                signal.raise_signal(signal.SIGINT)
-            return self.envs.step(actions)
-
-        def close(self):
-            self.envs.close()
-
-    def interrupting_make_env(*args, **kwargs):
-        monkeypatch.setattr(module, "make_env", make_env)  # only the first pool (the resumed run gets a plain one)
-        return Interrupting(make_env(*args, **kwargs))
-
-    monkeypatch.setattr(module, "make_env", interrupting_make_env)
 
 
 def load(path):
