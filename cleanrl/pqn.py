@@ -8,6 +8,7 @@ Paper: Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning" (arX
 Docs: docs/rl-algorithms/pqn.md
 """
 
+import math
 import os
 import random
 import signal
@@ -21,7 +22,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.optim as optim
 import tyro
 from torch.utils.tensorboard import SummaryWriter
 
@@ -57,9 +57,9 @@ class Args:
     """the learning rate of the RAdam optimizer (CleanRL: 2.5e-4 with 4 envs; larger batches take a larger step)"""
     anneal_lr: bool = True
     """if toggled, anneal the learning rate linearly to zero over training"""
-    num_envs: int = 32
+    num_envs: int = 128
     """the number of parallel environments (CleanRL: 4; more envs mean fewer Python calls per env step)"""
-    num_steps: int = 32
+    num_steps: int = 8
     """the number of steps each environment takes per rollout (CleanRL: 128)"""
     num_minibatches: int = 4
     """the number of minibatches each rollout is split into"""
@@ -169,6 +169,65 @@ class QNetwork(nn.Module):
         return self.network(x)
 
 
+def flatten_parameters(module: nn.Module) -> nn.Parameter:
+    """Moves the parameters of `module`, and their gradients, into one contiguous tensor each, and returns it as a
+    single parameter for the optimizer and the gradient clip.
+
+    The layers keep working on views of the flat tensor, and backward accumulates into views of its gradient, so
+    training is unchanged; but RAdam and the clip now run a few kernels on one tensor instead of a loop over ten
+    small ones, which is about a quarter of the cost of an update of this small network on a CPU.
+    """
+    params = list(module.parameters())
+    flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in params]))
+    flat.grad = torch.zeros_like(flat)
+    offset = 0
+    for p in params:
+        p.data = flat.data[offset : offset + p.numel()].view_as(p)
+        p.grad = flat.grad[offset : offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
+
+
+class RAdam:
+    """RAdam (Liu et al. 2020) for one flat parameter, with torch.optim.RAdam's defaults and update rule.
+
+    Written out because for a network this small torch.optim costs more than the math: its per-step bookkeeping,
+    and the import of torch._dynamo (seconds) when the first optimizer is built. A short run notices both.
+    """
+
+    def __init__(self, param: torch.Tensor, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.param, self.lr, self.betas, self.eps = param, lr, betas, eps
+        self.steps = 0
+        self.exp_avg = torch.zeros_like(param)  # first moment m
+        self.exp_avg_sq = torch.zeros_like(param)  # second moment v
+
+    @torch.no_grad()
+    def step(self) -> None:
+        beta1, beta2 = self.betas
+        grad = self.param.grad
+        self.steps += 1
+        self.exp_avg.lerp_(grad, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bias_correction1, bias_correction2 = 1 - beta1**self.steps, 1 - beta2**self.steps
+        # Length of the approximated simple moving average; the adaptive step is used once its variance is finite.
+        rho_inf = 2 / (1 - beta2) - 1
+        rho = rho_inf - 2 * self.steps * beta2**self.steps / bias_correction2
+        if rho > 5.0:
+            rect = math.sqrt((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho))
+            denom = self.exp_avg_sq.sqrt().add_(self.eps)
+            self.param.addcdiv_(self.exp_avg, denom, value=-self.lr * rect * math.sqrt(bias_correction2) / bias_correction1)
+        else:  # early steps: bias-corrected momentum SGD
+            self.param.add_(self.exp_avg, alpha=-self.lr / bias_correction1)
+
+    def state_dict(self) -> dict:
+        return {"lr": self.lr, "steps": self.steps, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.lr, self.steps = state["lr"], state["steps"]
+        self.exp_avg.copy_(state["exp_avg"])
+        self.exp_avg_sq.copy_(state["exp_avg_sq"])
+
+
 def linear_schedule(start: float, end: float, duration: float, t: np.ndarray) -> np.ndarray:
     """Linear decay from `start` to `end` over `duration` steps, constant afterwards; `t` may be an array."""
     return np.maximum(start + (end - start) * np.asarray(t, dtype=np.float64) / duration, min(start, end))
@@ -269,7 +328,7 @@ def evaluate(
     return scores
 
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: the optimizer holds one flat parameter
 CHECKPOINT_KEYS = (
     "format", "args", "run_name", "wandb_id", "global_step", "iteration", "network", "optimizer", "rng",
     "all_scores", "episode_returns", "episode_lengths", "recent_returns", "next_obs", "next_is_reset_step", "action_log",
@@ -408,7 +467,8 @@ def main(args: Args) -> list[float]:
     envs = make_env(args.env_id, args.num_envs, args.seed)
     obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
     q_network = QNetwork(int(np.prod(obs_shape)), num_actions).to(device)
-    optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)
+    parameters = flatten_parameters(q_network)
+    optimizer = RAdam(parameters, lr=args.learning_rate)
 
     # Rollout storage lives in numpy (cheap per-step writes) and moves to the device once per rollout.
     obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)
@@ -464,7 +524,7 @@ def main(args: Args) -> list[float]:
     stop = StopSignals()
     for iteration in range(start_iteration, num_iterations):
         if args.anneal_lr:
-            optimizer.param_groups[0]["lr"] = (1.0 - iteration / num_iterations) * args.learning_rate
+            optimizer.lr = (1.0 - iteration / num_iterations) * args.learning_rate
         # Exploration draws for the whole rollout at once: one epsilon per step, decayed by global step.
         step_epsilons = linear_schedule(
             args.start_e, args.end_e, epsilon_duration, global_step + args.num_envs * np.arange(1, args.num_steps + 1)
@@ -511,12 +571,10 @@ def main(args: Args) -> list[float]:
                     q_taken = q_network(b_obs[mb]).gather(1, b_actions[mb, None]).squeeze(1)
                     # Mean squared TD error over real transitions only: reset steps carry no learning signal.
                     loss = ((q_taken - b_returns[mb]) ** 2 * b_valid[mb]).sum() / b_valid[mb].sum().clamp(min=1.0)
-                    optimizer.zero_grad()
+                    parameters.grad.zero_()  # the layers' gradients are views of it
                     loss.backward()
                     # Raises before the step on a NaN/inf loss or Q-value: they all reach the gradient norm.
-                    nn.utils.clip_grad_norm_(
-                        q_network.parameters(), args.max_grad_norm, error_if_nonfinite=True, foreach=True
-                    )
+                    nn.utils.clip_grad_norm_(parameters, args.max_grad_norm, error_if_nonfinite=True)
                     optimizer.step()
         except RuntimeError as error:
             if "non-finite" not in str(error):
@@ -532,7 +590,7 @@ def main(args: Args) -> list[float]:
             writer.add_scalar("losses/td_loss", loss.item(), global_step)
             writer.add_scalar("losses/q_values", q_taken.mean().item(), global_step)
             writer.add_scalar("charts/epsilon", float(step_epsilons[-1]), global_step)
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("charts/learning_rate", optimizer.lr, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
             if time.time() - last_print > 10 or iteration == num_iterations - 1:
                 last_print = time.time()

@@ -253,3 +253,32 @@ def test_pqn_learns_cartpole(monkeypatch, tmp_path):
 def test_track_works_offline(offline_wandb):
     pqn.main(pqn.Args(track=True, total_timesteps=1024, num_envs=8, num_steps=32))
     assert list(offline_wandb.glob("offline-run-*"))
+
+
+def test_radam_matches_torch_radam():
+    torch.manual_seed(0)
+    reference = torch.nn.Parameter(torch.randn(300))
+    ours = torch.nn.Parameter(reference.detach().clone())
+    torch_radam = torch.optim.RAdam([reference], lr=1e-2)
+    radam = pqn.RAdam(ours, lr=1e-2)
+    for step in range(40):  # crosses the switch from momentum steps to rectified adaptive steps (step 6)
+        grad = torch.randn(300)
+        reference.grad, ours.grad = grad.clone(), grad.clone()
+        torch_radam.step()
+        radam.step()
+        torch.testing.assert_close(ours.detach(), reference.detach(), rtol=1e-5, atol=1e-6, msg=f"step {step}")
+
+
+def test_flatten_parameters_keeps_the_network_and_collects_its_gradients():
+    torch.manual_seed(0)
+    network = pqn.QNetwork(4, 2)
+    x = torch.randn(16, 4)
+    before = network(x).detach()
+    expected = torch.autograd.grad(network(x).square().sum(), list(network.parameters()))
+    flat = pqn.flatten_parameters(network)
+    torch.testing.assert_close(network(x), before)
+    network(x).square().sum().backward()
+    torch.testing.assert_close(flat.grad, torch.cat([g.reshape(-1) for g in expected]))
+    with torch.no_grad():
+        flat.add_(1.0)  # an optimizer step on the flat tensor moves the layers' weights
+    assert torch.equal(network.network[0].bias, torch.ones(120))
