@@ -70,7 +70,7 @@ class Args:
     """the number of steps of the n-step return (1 = one-step Double DQN)"""
     target_network_frequency: int = 500
     """the number of environment steps between two copies of the online network into the target network"""
-    batch_size: int = 128
+    batch_size: int = 256
     """the number of transitions of one gradient step"""
     train_frequency: int = 8
     """the number of environment steps between two gradient steps (a multiple of --num-envs)"""
@@ -596,6 +596,10 @@ def main(args: Args) -> list[float]:
         envs = make_env(args.env_id, args.num_envs, args.seed)
         obs_shape, num_actions = envs.observation_space.shape, envs.action_space.n
         obs_dtype = buffer_obs_dtype(args.env_id)
+        if device.type == "cpu" and len(obs_shape) == 1:
+            # An MLP this small only pays synchronization for intra-op threads, and results stop depending on
+            # the core count.
+            torch.set_num_threads(1)
         q_network = DuelingQNetwork(obs_shape, num_actions, args.hidden_size).to(device)
         target_network = DuelingQNetwork(obs_shape, num_actions, args.hidden_size).to(device)
         target_network.load_state_dict(q_network.state_dict())

@@ -270,7 +270,7 @@ def test_smoke_run(tmp_path, monkeypatch):
 @pytest.mark.learning
 def test_learns_cartpole(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    # The default run (120k steps, about 105 s of CPU time); the schedules scale with the run length,
+    # The default run (120k steps, about 120 s of CPU time); the schedules scale with the run length,
     # and shorter runs decay epsilon and the learning rate too fast to learn reliably.
     scores = main(Args(seed=1))
     assert np.mean(scores[-20:]) >= 400, np.mean(scores[-20:])
