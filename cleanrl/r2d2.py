@@ -58,8 +58,8 @@ class Args:
     """hide CartPole's velocities (keep cart position and pole angle): a memory task"""
     num_envs: int = 16
     """the number of vectorized environments (actors)"""
-    buffer_size: int = 100_000
-    """replay capacity in stored observations (all environments together)"""
+    buffer_size: int = 300_000
+    """replay capacity in stored observations (all environments together; the default keeps a whole run)"""
     learning_starts: int = 5_000
     """environment steps collected before learning starts"""
     batch_size: int = 32
@@ -82,7 +82,7 @@ class Args:
     """global gradient-norm clip"""
     target_update_interval: int = 100
     """learner updates between copies of the online network into the target network"""
-    replay_ratio: float = 8.0
+    replay_ratio: float = 16.0
     """average number of times each collected step is replayed as a trained (non burn-in) step"""
     priority_exponent: float = 0.9
     """priority exponent alpha of prioritized replay"""
