@@ -60,8 +60,8 @@ class Args:
     """the epsilon of the Adam optimizer"""
     anneal_lr: bool = True
     """if toggled, the learning rate decays linearly to 0 over training"""
-    buffer_size: int = 100_000
-    """the replay capacity in transitions (split evenly over the environments)"""
+    buffer_size: int = 200_000
+    """the replay capacity in transitions (split evenly over the environments); the default holds the whole run"""
     gamma: float = 0.99
     """the discount factor"""
     batch_size: int = 64
