@@ -501,7 +501,7 @@ def rng_states(replay_rng: np.random.Generator) -> dict:
                 replay=replay_rng.bit_generator.state)
 
 
-def restore_rng_states(states: dict, replay_rng: np.random.Generator) -> None:
+def set_rng_states(states: dict, replay_rng: np.random.Generator) -> None:
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])
@@ -510,7 +510,7 @@ def restore_rng_states(states: dict, replay_rng: np.random.Generator) -> None:
     replay_rng.bit_generator.state = states["replay"]
 
 
-def write_checkpoint(path: str, state: dict) -> None:
+def save_checkpoint(state: dict, path: str) -> None:
     """Atomic: a crash while writing leaves the previous checkpoint intact."""
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)
@@ -636,7 +636,7 @@ def main(args: Args) -> list[float]:
             if not np.array_equal(obs, checkpoint["obs"]):
                 raise SystemExit(f"error: --resume={args.resume}: environment replay diverged from the checkpoint "
                                  "(different envpool version or platform?)")
-            restore_rng_states(checkpoint["rng"], rb.rng)  # last: building the networks consumed random numbers
+            set_rng_states(checkpoint["rng"], rb.rng)  # last: building the networks consumed random numbers
             print(f"--resume: continuing {run_name} from step {checkpoint['global_step']}")
         else:
             obs, _ = envs.reset()
@@ -730,7 +730,7 @@ def main(args: Args) -> list[float]:
             periodic = every > 0 and (global_step // every > (global_step - args.num_envs) // every
                                       or iteration == num_iterations)
             if periodic or stop.requested:
-                write_checkpoint(checkpoint_path, checkpoint_state())
+                save_checkpoint(checkpoint_state(), checkpoint_path)
                 last_checkpoint = checkpoint_path
             if stop.requested:
                 print(f"checkpoint written to {checkpoint_path}; continue with: "

@@ -337,7 +337,7 @@ CHECKPOINT_KEYS = (
 RESUME_FLAGS = ("resume", "checkpoint_every", "cuda", "track")
 
 
-class StopSignals:
+class StopRequest:
     """SIGINT/SIGTERM while training: the first asks the loop to stop (and checkpoint) after the current iteration,
     a second exits at once. `restore` puts the previous handlers back, since tests call `main` in-process."""
 
@@ -407,7 +407,7 @@ def resumed_args(saved: dict, given: Args) -> Args:
     return args
 
 
-def replay_action_log(
+def replay_actions(
     envs, obs: np.ndarray, action_log: np.ndarray, expected_obs: np.ndarray, action_dtype: type
 ) -> np.ndarray:
     """Brings freshly seeded envs, just reset to `obs`, back to the checkpoint's state: envpool cannot save its
@@ -494,7 +494,7 @@ def main(args: Args) -> list[float]:
         stats.recent.extend(checkpoint["recent_returns"])
         next_is_reset_step = checkpoint["next_is_reset_step"].copy()
         action_log[: len(checkpoint["action_log"])] = checkpoint["action_log"]
-        next_obs = replay_action_log(envs, next_obs, checkpoint["action_log"], checkpoint["next_obs"], actions.dtype)
+        next_obs = replay_actions(envs, next_obs, checkpoint["action_log"], checkpoint["next_obs"], actions.dtype)
         set_rng_states(checkpoint["rng"])  # last: building the network and envs above drew from the generators
     epsilon_duration = args.exploration_fraction * args.total_timesteps
     start_step, start_time, last_print = global_step, time.time(), time.time()
@@ -521,7 +521,7 @@ def main(args: Args) -> list[float]:
         save_checkpoint(state, checkpoint_path)
         return checkpoint_path
 
-    stop = StopSignals()
+    stop = StopRequest()
     for iteration in range(start_iteration, num_iterations):
         if args.anneal_lr:
             optimizer.lr = (1.0 - iteration / num_iterations) * args.learning_rate

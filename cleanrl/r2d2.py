@@ -506,16 +506,17 @@ def validate_args(args: Args) -> None:
                          f"{available / 1e9:,.1f} GB are available; lower --buffer-size")
 
 
-class StopSignal:
+class StopRequest:
     """The first SIGINT/SIGTERM asks the training loop to stop after the current step, with a checkpoint; a second
     one exits at once. `restore` puts the previous handlers back (tests call main in-process)."""
 
     def __init__(self):
         self.requested = False
-        self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self.previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
 
-    def _handle(self, signum, frame):
+    def handle(self, signum, frame):
         if self.requested:
+            self.restore()
             raise KeyboardInterrupt
         self.requested = True
         print("stopping after this step; a second signal exits at once")
@@ -599,14 +600,14 @@ def main(args: Args) -> list[float]:
         checkpoint = load_checkpoint(args.resume)
         args = resumed_args(checkpoint["args"], args)
     validate_args(args)
-    stop = StopSignal()
+    stop = StopRequest()
     try:
         return train(args, checkpoint, stop)
     finally:
         stop.restore()
 
 
-def train(args: Args, checkpoint: Optional[dict], stop: StopSignal) -> list[float]:
+def train(args: Args, checkpoint: Optional[dict], stop: StopRequest) -> list[float]:
     """The training loop, from the start or from `checkpoint`; stops early with a checkpoint when `stop` asks."""
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_name = checkpoint["run_name"] if checkpoint else run_name

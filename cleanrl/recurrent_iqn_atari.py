@@ -648,7 +648,7 @@ def rng_states():
                 cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
 
 
-def restore_rng_states(saved):
+def set_rng_states(saved):
     random.setstate(saved["python"])
     np.random.set_state(saved["numpy"])
     torch.set_rng_state(saved["torch"])
@@ -656,14 +656,14 @@ def restore_rng_states(saved):
         torch.cuda.set_rng_state_all(saved["cuda"])
 
 
-def save_checkpoint(path, state):
+def save_checkpoint(state, path):
     """Writes through a temporary file, so a run killed while writing keeps its previous checkpoint whole."""
     torch.save(state, path + ".tmp")
     os.replace(path + ".tmp", path)
     return path
 
 
-def read_checkpoint(path):
+def load_checkpoint(path):
     try:  # numpy RNG states and arrays are not weights: the full unpickler is needed
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as error:  # a truncated or corrupted file fails anywhere inside the unpickler
@@ -689,7 +689,7 @@ def resumed_args(given, saved):
     return Args(**{**saved, **{key: getattr(given, key) for key in kept}})
 
 
-def replay_environment(envs, action_log, saved_obs):
+def replay_actions(envs, action_log, saved_obs):
     """envpool cannot save its state but is deterministic given its seed and the actions: a fresh pool stepped
     through every logged action (reset steps included) is back where the checkpoint left it."""
     print(f"replaying {len(action_log)} environment steps to restore the environments")
@@ -722,7 +722,7 @@ def restore_handlers(previous):
 
 def main(args: Args) -> list[float]:
     validate_args(args)
-    checkpoint = read_checkpoint(args.resume) if args.resume else None
+    checkpoint = load_checkpoint(args.resume) if args.resume else None
     if checkpoint is not None:
         args = resumed_args(args, checkpoint["args"])
         validate_args(args)  # the checkpoint's flags, against this machine's memory
@@ -786,8 +786,8 @@ def main(args: Args) -> list[float]:
         episode_returns, episode_return = checkpoint["episode_returns"], checkpoint["episode_return"]
         episode_length, reset_step = checkpoint["episode_length"], checkpoint["reset_step"]
         action_log[: checkpoint["iteration"]] = checkpoint["action_log"]
-        obs = replay_environment(envs, checkpoint["action_log"], checkpoint["obs"])
-        restore_rng_states(checkpoint["rng"])
+        obs = replay_actions(envs, checkpoint["action_log"], checkpoint["obs"])
+        set_rng_states(checkpoint["rng"])
         checkpoint_path = args.resume
     # Installed only now, so that every way out of the loop below restores them (main also runs inside tests).
     stop, previous_handlers = install_stop_handlers()
@@ -855,14 +855,14 @@ def main(args: Args) -> list[float]:
 
         every = args.checkpoint_every
         if stop["requested"] or (every > 0 and (global_step % every < args.num_envs or iteration == num_iterations)):
-            checkpoint_path = save_checkpoint(f"runs/{run_name}/checkpoint.pt", dict(
+            checkpoint_path = save_checkpoint(dict(
                 format_version=CHECKPOINT_VERSION, args=vars(args), run_name=run_name, wandb_id=wandb_id,
                 global_step=global_step, iteration=iteration, updates=updates, learning_starts_at=learning_starts_at,
                 network=network.state_dict(), target_network=target_network.state_dict(),
                 optimizer=optimizer.state_dict(), rng=rng_states(), agent=agent.state_dict(), obs=obs,
                 reset_step=reset_step, episode_returns=episode_returns, episode_return=episode_return,
                 episode_length=episode_length, logs=logs, action_log=action_log[:iteration],
-                replay=rb.state_dict() if args.checkpoint_replay else None))
+                replay=rb.state_dict() if args.checkpoint_replay else None), f"runs/{run_name}/checkpoint.pt")
         if stop["requested"]:
             print(f"checkpoint written to {checkpoint_path}; resume with: "
                   f"python cleanrl/{os.path.basename(__file__)} --resume {checkpoint_path}")

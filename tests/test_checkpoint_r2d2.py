@@ -42,7 +42,7 @@ def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
 
 def test_second_signal_exits_at_once():
     previous = signal.getsignal(signal.SIGTERM)
-    stop = r2d2.StopSignal()
+    stop = r2d2.StopRequest()
     try:
         signal.raise_signal(signal.SIGTERM)
         assert stop.requested
