@@ -855,14 +855,15 @@ def main(args: Args) -> list[float]:
 
         every = args.checkpoint_every
         if stop["requested"] or (every > 0 and (global_step % every < args.num_envs or iteration == num_iterations)):
-            checkpoint_path = save_checkpoint(dict(
+            state = dict(
                 format_version=CHECKPOINT_VERSION, args=vars(args), run_name=run_name, wandb_id=wandb_id,
                 global_step=global_step, iteration=iteration, updates=updates, learning_starts_at=learning_starts_at,
                 network=network.state_dict(), target_network=target_network.state_dict(),
                 optimizer=optimizer.state_dict(), rng=rng_states(), agent=agent.state_dict(), obs=obs,
                 reset_step=reset_step, episode_returns=episode_returns, episode_return=episode_return,
                 episode_length=episode_length, logs=logs, action_log=action_log[:iteration],
-                replay=rb.state_dict() if args.checkpoint_replay else None), f"runs/{run_name}/checkpoint.pt")
+                replay=rb.state_dict() if args.checkpoint_replay else None)
+            checkpoint_path = save_checkpoint(state, f"runs/{run_name}/checkpoint.pt")
         if stop["requested"]:
             print(f"checkpoint written to {checkpoint_path}; resume with: "
                   f"python cleanrl/{os.path.basename(__file__)} --resume {checkpoint_path}")
