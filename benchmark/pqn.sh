@@ -5,8 +5,10 @@ set -euo pipefail
 WORKERS=${WORKERS:-2}
 if [ "${TRACK:-1}" = 1 ]; then TRACK_FLAG="--track --wandb-project-name cleanrl-q"; else TRACK_FLAG="--no-track"; fi
 
-# Classic control, default steps (500k), 3 seeds.
-python benchmark/launch.py --env-ids CartPole-v1 Acrobot-v1 MountainCar-v0 --seeds 1 2 3 --workers "$WORKERS" -- \
+# Classic control, default steps (500k): CartPole-v1 over 10 seeds, the other tasks over 3.
+python benchmark/launch.py --env-ids CartPole-v1 --seeds 1 2 3 4 5 6 7 8 9 10 --workers "$WORKERS" -- \
+    python cleanrl/pqn.py $TRACK_FLAG
+python benchmark/launch.py --env-ids Acrobot-v1 MountainCar-v0 --seeds 1 2 3 --workers "$WORKERS" -- \
     python cleanrl/pqn.py $TRACK_FLAG
 
 # Atari, default steps (10M), 3 seeds; set ATARI=0 to skip.

@@ -63,8 +63,8 @@ class Args:
     """the number of steps each environment takes per rollout (CleanRL: 128)"""
     num_minibatches: int = 4
     """the number of minibatches each rollout is split into"""
-    update_epochs: int = 4
-    """the number of passes over each rollout"""
+    update_epochs: int = 8
+    """the number of passes over each rollout (CleanRL: 4; with 4, 2 of 10 CartPole seeds never learned)"""
     gamma: float = 0.99
     """the discount factor"""
     q_lambda: float = 0.65

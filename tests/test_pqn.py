@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cleanrl import pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
+from learning import last_mean, passes_with_one_of
 
 REPO = Path(__file__).resolve().parents[1]
 ALL_SCRIPTS = [pqn, pqn_atari_envpool, pqn_atari_envpool_lstm]
@@ -242,12 +243,13 @@ def test_atari_evaluate_plays_full_games(monkeypatch, tmp_path):
         assert sorted(scores) == [210.0, 465.0]
 
 
+# The default run (500k steps, about 25 s of CPU), last-100-episode mean, measured on a 2-core x86-64 CPU
+# (AVX-512, PyTorch 2.13, one thread per run): 500.0 for each of seeds 1-19, and 500.0 for seeds 1-5 with two
+# PyTorch threads (another summation order). Without bootstrapping (--gamma 0) seeds 1 and 2 end at 14.7 and 15.5.
 @pytest.mark.learning
 def test_pqn_learns_cartpole(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    # The full default run (500k steps, about half a minute on 2 CPU cores); random play scores about 22.
-    scores = pqn.main(pqn.Args(seed=1))
-    assert np.mean(scores[-100:]) >= 450, np.mean(scores[-100:])
+    passes_with_one_of([1, 2], lambda seed: last_mean(pqn.main(pqn.Args(seed=seed)), 100), 450.0)
 
 
 def test_track_works_offline(offline_wandb):
