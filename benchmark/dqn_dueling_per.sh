@@ -3,8 +3,9 @@
 set -euo pipefail
 WORKERS=${WORKERS:-2}
 if [ "${TRACK:-1}" = 1 ]; then TRACK_FLAG="--track --wandb-project-name cleanrl-q"; else TRACK_FLAG="--no-track"; fi
-# CartPole-v1 and Acrobot-v1 with the defaults.
-python benchmark/launch.py --env-ids CartPole-v1 Acrobot-v1 --seeds 1 2 3 --workers "$WORKERS" -- python cleanrl/dqn_dueling_per.py $TRACK_FLAG
+# CartPole-v1 (10 seeds) and Acrobot-v1 (3 seeds) with the defaults.
+python benchmark/launch.py --env-ids CartPole-v1 --seeds 1 2 3 4 5 6 7 8 9 10 --workers "$WORKERS" -- python cleanrl/dqn_dueling_per.py $TRACK_FLAG
+python benchmark/launch.py --env-ids Acrobot-v1 --seeds 1 2 3 --workers "$WORKERS" -- python cleanrl/dqn_dueling_per.py $TRACK_FLAG
 # LunarLander-v3: episodes of up to 1000 steps need a longer run. Its table was measured with the previous
 # default batch of 128.
 python benchmark/launch.py --env-ids LunarLander-v3 --seeds 1 2 3 --workers "$WORKERS" -- python cleanrl/dqn_dueling_per.py $TRACK_FLAG --total-timesteps 250000 --batch-size 128

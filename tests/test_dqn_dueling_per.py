@@ -16,6 +16,7 @@ from cleanrl.dqn_dueling_per import (
     importance_weights,
     main,
 )
+from learning import last_mean, passes_with_one_of
 
 
 def filled_buffer(priorities, alpha, capacity=None, seed=0):
@@ -267,10 +268,11 @@ def test_smoke_run(tmp_path, monkeypatch):
     assert all(torch.isfinite(t).all() for t in state.values())
 
 
+# The default run (120k steps, 80-120 s on the 2-core CPU); the schedules scale with the run length, and shorter
+# runs decay epsilon and the learning rate too fast to learn reliably. Last-100-episode mean measured on a 2-core
+# x86-64 CPU (AVX-512, PyTorch 2.13, one thread per run), seeds 1-10: 499.5, 500.0, 500.0, 438.5, 496.2, 450.3,
+# 488.9, 496.7, 484.2, 497.0. Without bootstrapping (--gamma 0) seeds 1 and 2 end at 27.2 and 27.2.
 @pytest.mark.learning
 def test_learns_cartpole(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    # The default run (120k steps, about 120 s of CPU time); the schedules scale with the run length,
-    # and shorter runs decay epsilon and the learning rate too fast to learn reliably.
-    scores = main(Args(seed=1))
-    assert np.mean(scores[-20:]) >= 400, np.mean(scores[-20:])
+    passes_with_one_of([1, 2], lambda seed: last_mean(main(Args(seed=seed)), 100), 400.0)
