@@ -64,6 +64,8 @@ class Args:
     """the replay capacity in transitions (split evenly over the environments)"""
     gamma: float = 0.99
     """the discount factor"""
+    n_step: int = 1
+    """the number of steps of the n-step return (the paper: 1; Dopamine's IQN: 3)"""
     batch_size: int = 32
     """the number of transitions per gradient update"""
     learning_starts: int = 50_000
@@ -108,7 +110,7 @@ def validate_args(args: Args) -> None:
         raise SystemExit(f"error: --env-id={args.env_id}: the action space must be Discrete")
     if tuple(spec.observation_space.shape) != (STACK_NUM, 84, 84):
         raise SystemExit(f"error: --env-id={args.env_id}: needs an Atari environment (for vectors use iqn.py)")
-    positive = ["total_timesteps", "num_envs", "batch_size", "train_frequency", "target_network_frequency",
+    positive = ["total_timesteps", "num_envs", "n_step", "batch_size", "train_frequency", "target_network_frequency",
                 "exploration_steps", "num_tau_samples", "num_tau_prime_samples", "num_quantile_samples",
                 "quantile_embedding_dim", "hidden_dim", "learning_rate", "adam_eps", "kappa"]  # fmt: skip
     for name in positive:
@@ -208,11 +210,11 @@ class QuantileNetwork(nn.Module):
 
 
 class Batch(NamedTuple):
-    obs: torch.Tensor
-    actions: torch.Tensor
-    rewards: torch.Tensor
-    terminated: torch.Tensor
-    next_obs: torch.Tensor
+    obs: torch.Tensor  # o_t
+    actions: torch.Tensor  # a_t
+    returns: torch.Tensor  # sum_{k<m} gamma^k r_{t+k}
+    discounts: torch.Tensor  # gamma^m, or 0 if the episode terminated within the m steps
+    next_obs: torch.Tensor  # o_{t+m}
 
 
 class ReplayBuffer:
@@ -224,11 +226,17 @@ class ReplayBuffer:
     `stack_num` slots ending at t, the way envpool builds it: at the start of a game every stack position holds the
     game's first frame, while after a lost life (`episodic_life`) the stack runs on across the boundary.
     `valid[e, t]` is False when the step after t was envpool's reset step, which is never a transition.
+    A sample from o_t runs over up to `n_step` steps of the same episode: it stops after a termination, at an
+    episode's last observation (a time-out, bootstrapped from there) and at the newest stored step.
     """
 
-    def __init__(self, capacity, num_envs, frame_shape, frame_dtype, stack_num, device, rng: np.random.Generator):
+    def __init__(
+        self, capacity, num_envs, frame_shape, frame_dtype, stack_num, device, rng: np.random.Generator,
+        n_step: int = 1, gamma: float = 0.99,
+    ):  # fmt: skip
         self.ring = capacity // num_envs
         self.num_envs, self.stack_num, self.device, self.rng = num_envs, stack_num, device, rng
+        self.n_step, self.gamma = n_step, gamma
         self.frames = np.zeros((num_envs, self.ring, *frame_shape), dtype=frame_dtype)
         self.game_start = np.zeros((num_envs, self.ring), dtype=bool)
         self.actions = np.zeros((num_envs, self.ring), dtype=np.int64)
@@ -267,14 +275,20 @@ class ReplayBuffer:
             env[invalid] = self.rng.integers(self.num_envs, size=invalid.sum())
             t[invalid] = self.rng.integers(low, self.num_added - 1, size=invalid.sum())
             invalid = ~self.valid[env, t % self.ring]
-        slot = t % self.ring
+        steps = t[:, None] + np.arange(self.n_step)  # t, ..., t + n - 1
+        slots, rows = steps % self.ring, env[:, None]
+        rewards, terminated = self.rewards[rows, slots], self.terminated[rows, slots]
+        # Step t + k continues the sample if step t + k - 1 did not terminate, o_{t+k} is not an episode's last
+        # observation, and the step after t + k is already stored.
+        continues = (terminated[:, :-1] == 0) & self.valid[rows, slots[:, 1:]] & (steps[:, 1:] <= self.num_added - 2)
+        returns, discounts, num_steps = n_step_targets(rewards, terminated, continues, self.gamma)
         to_tensor = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
         return Batch(
             obs=to_tensor(self.stacks(env, t)),
-            actions=to_tensor(self.actions[env, slot]),
-            rewards=to_tensor(self.rewards[env, slot]),
-            terminated=to_tensor(self.terminated[env, slot]),
-            next_obs=to_tensor(self.stacks(env, t + 1)),
+            actions=to_tensor(self.actions[env, t % self.ring]),
+            returns=to_tensor(returns),
+            discounts=to_tensor(discounts),
+            next_obs=to_tensor(self.stacks(env, t + num_steps)),
         )
 
     ARRAYS = ("frames", "game_start", "actions", "rewards", "terminated", "valid")
@@ -345,6 +359,26 @@ def quantile_huber_loss(
     huber = torch.where(abs_delta <= kappa, 0.5 * delta**2, kappa * (abs_delta - 0.5 * kappa))
     weight = (taus.unsqueeze(2) - (delta.detach() < 0).float()).abs()
     return (weight * huber / kappa).mean(dim=2).sum(dim=1)
+
+
+def n_step_targets(
+    rewards: np.ndarray, terminated: np.ndarray, continues: np.ndarray, gamma: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n-step returns of a batch of samples that start at steps t.
+
+    rewards, terminated (B, n): reward and termination flag of steps t, ..., t + n - 1; continues (B, n - 1): whether
+    step t + k + 1 may follow step t + k in the sample. A sample takes the m steps up to the first False in
+    `continues`. Returns (B,) each: sum_{k<m} gamma^k r_{t+k} (float32), gamma^m times 0 if step t + m - 1
+    terminated else 1 (float32), and m (int64), so the target is returns + discounts * Z(o_{t+m}).
+    """
+    batch, n = rewards.shape
+    taken = np.concatenate([np.ones((batch, 1), dtype=bool), np.cumprod(continues, axis=1, dtype=bool)], axis=1)
+    num_steps = taken.sum(axis=1)
+    powers = gamma ** np.arange(n)
+    returns = (rewards * taken * powers).sum(axis=1)
+    last_terminated = terminated[np.arange(batch), num_steps - 1]
+    discounts = gamma**num_steps * (1.0 - last_terminated)
+    return returns.astype(np.float32), discounts.astype(np.float32), num_steps.astype(np.int64)
 
 
 def linear_schedule(start_e: float, end_e: float, duration: int, t: int) -> float:
@@ -554,7 +588,8 @@ def main(args: Args) -> list[float]:
     target_network = make_network().to(device)
     target_network.load_state_dict(q_network.state_dict())
     rb = ReplayBuffer(
-        args.buffer_size, args.num_envs, frame_shape, np.uint8, STACK_NUM, device, np.random.default_rng(args.seed)
+        args.buffer_size, args.num_envs, frame_shape, np.uint8, STACK_NUM, device, np.random.default_rng(args.seed),
+        args.n_step, args.gamma,
     )
     N, N_prime, K = args.num_tau_samples, args.num_tau_prime_samples, args.num_quantile_samples
     num_iterations = -(-args.total_timesteps // args.num_envs)
@@ -664,9 +699,7 @@ def main(args: Args) -> list[float]:
                     next_z = target_network(data.next_obs, torch.rand(args.batch_size, K + N_prime, device=device))
                     next_actions = next_z[:, :K].mean(dim=1).argmax(dim=1)
                     next_quantiles = next_z[:, K:, :].gather(2, next_actions.view(-1, 1, 1).expand(-1, N_prime, 1))
-                    target_quantiles = data.rewards.unsqueeze(1) + args.gamma * (
-                        1.0 - data.terminated.unsqueeze(1)
-                    ) * next_quantiles.squeeze(2)
+                    target_quantiles = data.returns.unsqueeze(1) + data.discounts.unsqueeze(1) * next_quantiles.squeeze(2)
                 taus = torch.rand(args.batch_size, N, device=device)
                 z = q_network(data.obs, taus)
                 quantiles = z.gather(2, data.actions.view(-1, 1, 1).expand(-1, N, 1)).squeeze(2)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from cleanrl import iqn, iqn_atari
+from learning import last_mean, passes_with_one_of
 
 SCRIPTS = [iqn, iqn_atari]
 
@@ -189,9 +190,48 @@ def test_vector_replay_sample_excludes_reset_steps():
         assert np.array_equal(next_obs, obs + 1)
         assert not np.any(obs % 6 == 5)  # (s_last, a, 0, s_first) is never sampled
         assert np.all(obs >= 30 - 20) and np.all(obs <= 28)  # overwritten and unfinished steps are not sampled
-        np.testing.assert_array_equal(batch.terminated.numpy(), (obs % 6 == 4).astype(np.float32))
+        np.testing.assert_allclose(batch.discounts.numpy(), 0.99 * (obs % 6 != 4), rtol=1e-6)
         seen.update(obs.tolist())
     assert seen == {t for t in range(10, 29) if t % 6 != 5}
+
+
+def test_n_step_targets_match_a_plain_loop():
+    rng = np.random.default_rng(3)
+    rewards = rng.normal(size=(64, 4)).astype(np.float32)
+    terminated = (rng.random((64, 4)) < 0.2).astype(np.float32)
+    continues = rng.random((64, 3)) < 0.7
+    returns, discounts, num_steps = iqn.n_step_targets(rewards, terminated, continues, 0.9)
+    for b in range(64):
+        total, k = 0.0, 0
+        while True:
+            total += 0.9**k * rewards[b, k]
+            if k == 3 or not continues[b, k]:
+                break
+            k += 1
+        assert num_steps[b] == k + 1
+        assert math.isclose(returns[b], total, rel_tol=1e-5, abs_tol=1e-6)
+        assert math.isclose(discounts[b], 0.0 if terminated[b, k] else 0.9 ** (k + 1), rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("time_out", [False, True])
+def test_n_step_samples_stop_at_episode_ends(time_out):
+    # The same episodes as above (ends at every t % 6 == 4, the step after it is a reset step), with reward t at
+    # step t, sampled as 3-step returns: a sample never reaches past its episode's end or the newest stored step.
+    # A terminated episode cuts the bootstrap; one cut by a time-out bootstraps from its last observation.
+    rb = iqn.ReplayBuffer(20, 1, (1,), np.float32, 1, "cpu", np.random.default_rng(0), n_step=3, gamma=0.5)
+    for t in range(30):
+        terminated = t % 6 == 4 and not time_out
+        rb.add(np.array([[t]], dtype=np.float32), np.array([t % 6 == 0]), np.array([0]), np.array([float(t)]),
+               np.array([float(terminated)]), valid=np.array([t % 6 != 5]))  # fmt: skip
+    for _ in range(20):
+        batch = rb.sample(16)
+        for t, ret, discount, next_t in zip(batch.obs[:, 0, 0].tolist(), batch.returns.tolist(),
+                                            batch.discounts.tolist(), batch.next_obs[:, 0, 0].tolist()):  # fmt: skip
+            t = int(t)
+            m = min(3, 4 - t % 6 + 1, 28 - t + 1)  # to the terminal step t % 6 == 4, or to the newest step (28)
+            assert next_t == t + m
+            assert ret == sum(0.5**k * (t + k) for k in range(m))
+            assert discount == (0.0 if (t + m - 1) % 6 == 4 and not time_out else 0.5**m)
 
 
 def test_replay_resident_memory_is_one_frame_per_transition():
@@ -247,13 +287,18 @@ def test_smoke_iqn_atari(tmp_path, monkeypatch):
     assert all(torch.isfinite(v).all() for v in state.values())
 
 
-# Environment steps of the learning check: 30k steps at the default 4 envs, one update per 4 steps.
-LEARNING_STEPS = 30_000
+# 30k steps at the default 4 envs (one update per 4 steps, 3-step returns), about 25 s per run; last-100-episode
+# mean measured on a 2-core x86-64 CPU (AVX-512, PyTorch 2.13, one thread per run), seeds 1-10: 239.9, 183.3,
+# 253.4, 169.8, 234.7, 226.2, 222.0, 182.2, 177.9, 187.0 (median 204.5). Without bootstrapping (--gamma 0) seeds 1
+# and 2 end at 19.7 and 16.3; random play scores about 22.
+LEARNING_STEPS, LEARNING_THRESHOLD = 30_000, 150.0
 
 
 @pytest.mark.learning
 def test_iqn_learns_cartpole(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    scores = iqn.main(iqn.Args(total_timesteps=LEARNING_STEPS, seed=1))
-    assert np.mean(scores[-20:]) >= 120, scores[-20:]  # random play: about 22
 
+    def last_100_mean(seed):
+        return last_mean(iqn.main(iqn.Args(total_timesteps=LEARNING_STEPS, seed=seed)), 100)
+
+    passes_with_one_of([1, 2], last_100_mean, LEARNING_THRESHOLD)
