@@ -6,7 +6,7 @@
 # several CPU cores for the 32 environments: set WORKERS to the number of runs the machine holds at once.
 set -euo pipefail
 WORKERS=${WORKERS:-2}
-SEEDS=${SEEDS:-"1 2 3"}
+SEEDS=${SEEDS:-"1 2 3 4 5"}
 ATARI_SEEDS=${ATARI_SEEDS:-"1"}  # the article reports one run per game
 if [ "${TRACK:-1}" = 1 ]; then TRACK_FLAG="--track --wandb-project-name cleanrl-q"; else TRACK_FLAG="--no-track"; fi
 
