@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from cleanrl import r2d2, r2d2_atari
+from learning import last_mean, passes_with_one_of
 
 MODULES = [r2d2, r2d2_atari]
 
@@ -270,16 +271,20 @@ def test_bad_flags_stop_with_a_clear_error(module, overrides, flag, tmp_path, mo
     assert not (tmp_path / "runs").exists()  # stopped before anything was built
 
 
-# Measured on the 2-core CI machine with 100k steps (one thread): seed 2 reached a last-20 mean of 248.9, seed 1
-# 151.4. An earlier 60k-step run with the LSTM state zeroed before every step (no recurrence) reached 100.0, and
-# at most 110.8 for any 20 consecutive episodes: without memory the pole cannot be balanced for long.
-LEARNING_STEPS, LEARNING_SEED, LEARNING_THRESHOLD = 100_000, 2, 150.0
+# Velocity-hidden CartPole, 100k steps with a 100k replay (the defaults otherwise), last-100-episode mean,
+# measured on a 2-core x86-64 CPU (AVX-512, PyTorch 2.13, one thread per run), about 70 s per run:
+#   seeds 1-10: 272.1, 248.1, 195.6, 235.0, 234.6, 287.8, 241.6, 287.1, 325.4, 409.7 (median 260, all above 190).
+# The same runs with the LSTM state zeroed before every step (no memory, so no velocity) end at 104.6, 102.1
+# and 92.5 (seeds 1-3).
+LEARNING_STEPS, LEARNING_THRESHOLD = 100_000, 175.0
 
 
 @pytest.mark.learning
 def test_learns_velocity_hidden_cartpole(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    # Half the default replay ratio and a 100k replay keep the check near a minute and a half of CPU time.
-    scores = r2d2.main(r2d2.Args(mask_velocity=True, total_timesteps=LEARNING_STEPS, seed=LEARNING_SEED,
-                                 replay_ratio=8.0, buffer_size=100_000))
-    assert np.mean(scores[-20:]) >= LEARNING_THRESHOLD
+
+    def last_100_mean(seed):
+        args = r2d2.Args(mask_velocity=True, total_timesteps=LEARNING_STEPS, buffer_size=100_000, seed=seed)
+        return last_mean(r2d2.main(args), 100)
+
+    passes_with_one_of([1, 2], last_100_mean, LEARNING_THRESHOLD)
