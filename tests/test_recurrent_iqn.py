@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cleanrl import recurrent_iqn, recurrent_iqn_atari
+from learning import last_mean, passes_with_one_of
 
 MODULES = [recurrent_iqn_atari, recurrent_iqn]
 
@@ -270,11 +271,16 @@ def test_invalid_arguments(module, options, flag):
         module.main(module.Args(**options))
 
 
+# The defaults with full observations over 100k steps, about 95 s per run; last-100-episode mean measured on a
+# 2-core x86-64 CPU (AVX-512, PyTorch 2.13, one thread per run), seeds 1-10: 109.0, 107.2, 78.0, 142.4, 223.2,
+# 66.0, 93.1, 258.7, 191.5, 140.5 (median 125). Without bootstrapping (--gamma 0) seeds 1 and 2 end at 18.8 and 16.0;
+# random play scores about 22.
 @pytest.mark.learning
 def test_learns_cartpole(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    # The defaults over 60k steps with full observations: 2.4 minutes on a busy 2-core CPU, last-20 mean 76.8
-    # (seed 1). Random play scores about 22 and the constant greedy policy
-    # of an agent that does not learn about 10.
-    returns = recurrent_iqn.main(recurrent_iqn.Args(cuda=False, mask_velocity=False, total_timesteps=60_000))
-    assert np.mean(returns[-20:]) >= 60
+
+    def last_100_mean(seed):
+        args = recurrent_iqn.Args(cuda=False, mask_velocity=False, total_timesteps=100_000, seed=seed)
+        return last_mean(recurrent_iqn.main(args), 100)
+
+    passes_with_one_of([1, 2], last_100_mean, 75.0)
