@@ -243,8 +243,8 @@ def test_atari_evaluate_plays_full_games(monkeypatch, tmp_path):
         assert sorted(scores) == [210.0, 465.0]
 
 
-# The default run (500k steps, about 25 s of CPU), last-100-episode mean, measured on a 2-core x86-64 CPU
-# (AVX-512, PyTorch 2.13, one thread per run): 500.0 for each of seeds 1-19, and 500.0 for seeds 1-5 with two
+# The default run (500k steps, about 20 s on an idle 2-core CPU), last-100-episode mean, measured on a 2-core x86-64 CPU
+# (AVX-512, PyTorch 2.13, one thread per run): 500.0 for each of seeds 1-20, and 500.0 for seeds 1 and 2 with two
 # PyTorch threads (another summation order). Without bootstrapping (--gamma 0) seeds 1 and 2 end at 14.7 and 15.5.
 @pytest.mark.learning
 def test_pqn_learns_cartpole(monkeypatch, tmp_path):
