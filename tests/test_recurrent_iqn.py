@@ -283,4 +283,4 @@ def test_learns_cartpole(tmp_path, monkeypatch):
         args = recurrent_iqn.Args(cuda=False, mask_velocity=False, total_timesteps=100_000, seed=seed)
         return last_mean(recurrent_iqn.main(args), 100)
 
-    passes_with_one_of([1, 2], last_100_mean, 75.0)
+    passes_with_one_of([1, 2], last_100_mean, 60.0)
