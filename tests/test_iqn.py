@@ -252,6 +252,8 @@ def test_replay_resident_memory_is_one_frame_per_transition():
         (iqn, {"batch_size": 64, "learning_starts": 10}, "--learning-starts"),
         (iqn_atari, {"buffer_size": 8, "learning_starts": 32}, "--buffer-size"),
         (iqn_atari, {"num_tau_samples": 0}, "--num-tau-samples"),
+        (iqn, {"n_step": 0}, "--n-step"),
+        (iqn_atari, {"n_step": 0}, "--n-step"),
     ],
 )
 def test_bad_flags_exit_with_a_clear_message(module, overrides, flag, tmp_path, monkeypatch):
