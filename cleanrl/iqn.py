@@ -65,7 +65,7 @@ class Args:
     gamma: float = 0.99
     """the discount factor"""
     n_step: int = 3
-    """the number of steps of the n-step return (Dopamine's IQN: 3; the paper: 1; with 1, 4 of 10 CartPole seeds ended below 475)"""
+    """the number of steps of the n-step return (Dopamine's IQN: 3; the paper: 1; with 1, 4 of 10 CartPole seeds end < 475)"""
     batch_size: int = 64
     """the number of transitions per gradient update"""
     learning_starts: int = 1_000
