@@ -61,9 +61,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def make_jobs(env_ids: list[str], seeds: list[int], command: list[str]) -> list[Job]:
-    return [
-        Job(env_id, seed, [*command, "--env-id", env_id, "--seed", str(seed)]) for seed in seeds for env_id in env_ids
-    ]
+    return [Job(env_id, seed, [*command, "--env-id", env_id, "--seed", str(seed)]) for seed in seeds for env_id in env_ids]
 
 
 def run_job(job: Job, log_dir: Path | None, print_lock: threading.Lock) -> Job:

@@ -62,14 +62,18 @@ def main():
     variants = {
         "LSTMCell step loop, state masked every step": lambda: cell_loop(lstm, cell, x, state, keep),
         "nn.LSTM called once per step": lambda: lstm_per_step(lstm, cell, x, state, keep),
-        "input projection of all steps in one matmul, then a step loop (scripts, CPU)":
-            lambda: unroll_lstm(lstm, x, state, keep, bounds, segmented=False)[0],
-        "nn.LSTM once per stretch between restarts (scripts, GPU)":
-            lambda: unroll_lstm(lstm, x, state, keep, bounds, segmented=True)[0],
+        "input projection of all steps in one matmul, then a step loop (scripts, CPU)": lambda: unroll_lstm(
+            lstm, x, state, keep, bounds, segmented=False
+        )[0],
+        "nn.LSTM once per stretch between restarts (scripts, GPU)": lambda: unroll_lstm(
+            lstm, x, state, keep, bounds, segmented=True
+        )[0],
     }
     reference = None
-    print(f"{args.batch} sequences x {args.steps} steps, input {args.input}, LSTM {args.hidden}, {device}, "
-          f"{torch.get_num_threads()} threads; forward + backward, best of {args.repeats}")
+    print(
+        f"{args.batch} sequences x {args.steps} steps, input {args.input}, LSTM {args.hidden}, {device}, "
+        f"{torch.get_num_threads()} threads; forward + backward, best of {args.repeats}"
+    )
     for name, run in variants.items():
         out = run()
         if reference is None:

@@ -65,8 +65,11 @@ if __name__ == "__main__":
     full_ms = best_ms(choice_full, choice_repeats)
     # Both samplers must agree on the weights of the same items.
     idx = rb.sample(b, args.beta)[1]
-    np.testing.assert_allclose(importance_weights(scaled[idx], scaled.min(), args.beta),
-                               (n * probs[idx]) ** -args.beta / (n * probs.min()) ** -args.beta, rtol=1e-4)
+    np.testing.assert_allclose(
+        importance_weights(scaled[idx], scaled.min(), args.beta),
+        (n * probs[idx]) ** -args.beta / (n * probs.min()) ** -args.beta,
+        rtol=1e-4,
+    )
 
     print(f"buffer {n:,} transitions, batch {b}, alpha {args.alpha}, beta {args.beta}")
     print("sampler                                        median ms   min ms")

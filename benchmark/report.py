@@ -184,14 +184,17 @@ def performance_markdown(groups: dict, exp_names: list[str], env_ids: list[str],
         return "-" if group is None else fmt(group)
 
     header = ["Environment", *exp_names]
-    returns = [
-        [env_id, *(cell(e, env_id, lambda g: f"{g.mean:.2f} ± {g.std:.2f}") for e in exp_names)] for env_id in env_ids
+    returns = [[env_id, *(cell(e, env_id, lambda g: f"{g.mean:.2f} ± {g.std:.2f}") for e in exp_names)] for env_id in env_ids]
+    runtimes = [
+        [env_id, *(cell(e, env_id, lambda g: f"{np.mean(g.runtimes_min):.1f}") for e in exp_names)] for env_id in env_ids
     ]
-    runtimes = [[env_id, *(cell(e, env_id, lambda g: f"{np.mean(g.runtimes_min):.1f}") for e in exp_names)] for env_id in env_ids]
     provenance = [
         [
             env_id,
-            *(cell(e, env_id, lambda g: f"{len(g.seeds)} ({', '.join(map(str, g.seeds))}); {int(np.max(g.final_steps)):,}") for e in exp_names),
+            *(
+                cell(e, env_id, lambda g: f"{len(g.seeds)} ({', '.join(map(str, g.seeds))}); {int(np.max(g.final_steps)):,}")
+                for e in exp_names
+            ),
         ]
         for env_id in env_ids
     ]
@@ -234,9 +237,7 @@ def human_normalized_matrices(
     """
     matrices = {}
     for exp_name in exp_names:
-        games = [
-            env_id for env_id in env_ids if (exp_name, env_id) in groups and atari_game_name(env_id) in scores_table
-        ]
+        games = [env_id for env_id in env_ids if (exp_name, env_id) in groups and atari_game_name(env_id) in scores_table]
         if not games:
             continue
         num_runs = min(len(groups[(exp_name, env_id)].seeds) for env_id in games)
@@ -373,7 +374,9 @@ def plot_learning_curves(
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="report.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs-dir", nargs="+", type=Path, default=[Path("runs")], help="where the run directories are (searched recursively)")
+    parser.add_argument(
+        "--runs-dir", nargs="+", type=Path, default=[Path("runs")], help="where the run directories are (searched recursively)"
+    )
     parser.add_argument("--exp-names", nargs="+", default=None, help="exp_names to report, in column order (default: all)")
     parser.add_argument("--env-ids", nargs="+", default=None, help="env ids to report, in row order (default: all, sorted)")
     parser.add_argument("--output-dir", type=Path, default=Path("benchmark/results"), help="where the files are written")
@@ -381,7 +384,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--last-episodes", type=int, default=100, help="final performance = mean of this many last episodes")
     parser.add_argument("--smoothing-window", type=int, default=20, help="episodes in the trailing mean of the plotted curves")
     parser.add_argument("--num-points", type=int, default=200, help="points of the common env-step grid of the curves")
-    parser.add_argument("--bootstrap-reps", type=int, default=50_000, help="bootstrap resamples for the Atari confidence intervals")
+    parser.add_argument(
+        "--bootstrap-reps", type=int, default=50_000, help="bootstrap resamples for the Atari confidence intervals"
+    )
     parser.add_argument("--scores-csv", type=Path, default=HUMAN_RANDOM_CSV, help="random and human scores per Atari game")
     parser.add_argument("--no-plot", action="store_true", help="write only the markdown")
     return parser.parse_args(argv)

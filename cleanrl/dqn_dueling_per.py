@@ -107,26 +107,33 @@ def validate_args(args: Args) -> None:
         ("num-envs", args.num_envs, args.num_envs >= 1, "an integer >= 1"),
         ("n-step", args.n_step, args.n_step >= 1, "an integer >= 1"),
         ("batch-size", args.batch_size, args.batch_size >= 1, "an integer >= 1"),
-        ("buffer-size", args.buffer_size, args.buffer_size >= args.batch_size,
-         f"at least --batch-size={args.batch_size}"),
-        ("buffer-size", args.buffer_size, args.buffer_size >= args.num_envs * args.n_step,
-         f"at least --num-envs * --n-step = {args.num_envs * args.n_step}"),
-        ("learning-starts", args.learning_starts,
-         args.learning_starts >= max(args.batch_size, args.num_envs * args.n_step),
-         f"at least --batch-size={args.batch_size} and --num-envs * --n-step = {args.num_envs * args.n_step}"),
+        ("buffer-size", args.buffer_size, args.buffer_size >= args.batch_size, f"at least --batch-size={args.batch_size}"),
+        (
+            "buffer-size",
+            args.buffer_size,
+            args.buffer_size >= args.num_envs * args.n_step,
+            f"at least --num-envs * --n-step = {args.num_envs * args.n_step}",
+        ),
+        (
+            "learning-starts",
+            args.learning_starts,
+            args.learning_starts >= max(args.batch_size, args.num_envs * args.n_step),
+            f"at least --batch-size={args.batch_size} and --num-envs * --n-step = {args.num_envs * args.n_step}",
+        ),
         ("eval-episodes", args.eval_episodes, args.eval_episodes >= 1, "an integer >= 1"),
-        ("train-frequency", args.train_frequency,
-         args.train_frequency > 0 and args.train_frequency % args.num_envs == 0,
-         f"a positive multiple of --num-envs={args.num_envs}"),
-        ("target-network-frequency", args.target_network_frequency, args.target_network_frequency > 0,
-         "a positive integer"),
+        (
+            "train-frequency",
+            args.train_frequency,
+            args.train_frequency > 0 and args.train_frequency % args.num_envs == 0,
+            f"a positive multiple of --num-envs={args.num_envs}",
+        ),
+        ("target-network-frequency", args.target_network_frequency, args.target_network_frequency > 0, "a positive integer"),
         ("alpha", args.alpha, 0.0 <= args.alpha <= 1.0, "a number in [0, 1]"),
         ("beta-start", args.beta_start, 0.0 <= args.beta_start <= 1.0, "a number in [0, 1]"),
         ("gamma", args.gamma, 0.0 <= args.gamma <= 1.0, "a number in [0, 1]"),
         ("priority-eps", args.priority_eps, args.priority_eps > 0, "a positive number"),
         ("learning-rate", args.learning_rate, args.learning_rate > 0, "a positive number"),
-        ("exploration-fraction", args.exploration_fraction, 0.0 < args.exploration_fraction <= 1.0,
-         "a number in (0, 1]"),
+        ("exploration-fraction", args.exploration_fraction, 0.0 < args.exploration_fraction <= 1.0, "a number in (0, 1]"),
         ("start-e", args.start_e, 0.0 <= args.start_e <= 1.0, "a number in [0, 1]"),
         ("end-e", args.end_e, 0.0 <= args.end_e <= 1.0, "a number in [0, 1]"),
         ("checkpoint-every", args.checkpoint_every, args.checkpoint_every >= 0, "an integer >= 0"),
@@ -141,12 +148,13 @@ def validate_args(args: Args) -> None:
     if args.resume is not None and not os.path.isfile(args.resume):
         raise SystemExit(f"error: --resume={args.resume}: no such file")
     # numpy allocates lazily, so an oversized buffer would only fail (or start swapping) hours into the run.
-    needed = replay_memory_bytes(args, envpool.make_spec(args.env_id).observation_space.shape,
-                                 buffer_obs_dtype(args.env_id))
+    needed = replay_memory_bytes(args, envpool.make_spec(args.env_id).observation_space.shape, buffer_obs_dtype(args.env_id))
     available = available_memory_bytes()
     if needed > available:
-        raise SystemExit(f"error: --buffer-size={args.buffer_size}: the replay needs about {needed / 1e9:,.1f} GB "
-                         f"but {available / 1e9:,.1f} GB are available; lower --buffer-size")
+        raise SystemExit(
+            f"error: --buffer-size={args.buffer_size}: the replay needs about {needed / 1e9:,.1f} GB "
+            f"but {available / 1e9:,.1f} GB are available; lower --buffer-size"
+        )
 
 
 def replay_memory_bytes(args: Args, obs_shape: tuple, obs_dtype) -> int:
@@ -186,8 +194,14 @@ def make_env(env_id: str, num_envs: int, seed: int, training: bool = True):
     only while training)."""
     kwargs = dict(num_threads=1)  # cheaper than a thread pool for classic control's tiny steps
     if is_atari(env_id):
-        kwargs = dict(episodic_life=training, reward_clip=training, stack_num=4, noop_max=30,
-                      max_episode_steps=27000, repeat_action_probability=0.0)
+        kwargs = dict(
+            episodic_life=training,
+            reward_clip=training,
+            stack_num=4,
+            noop_max=30,
+            max_episode_steps=27000,
+            repeat_action_probability=0.0,
+        )
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **kwargs)
 
 
@@ -205,9 +219,12 @@ class DuelingQNetwork(nn.Module):
         self.is_image = len(obs_shape) == 3
         if self.is_image:
             self.torso = nn.Sequential(
-                nn.Conv2d(obs_shape[0], 32, 8, stride=4), nn.ReLU(),
-                nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
+                nn.Conv2d(obs_shape[0], 32, 8, stride=4),
+                nn.ReLU(),
+                nn.Conv2d(32, 64, 4, stride=2),
+                nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1),
+                nn.ReLU(),
                 nn.Flatten(),
             )
             features, hidden_size = 3136, 512
@@ -215,9 +232,7 @@ class DuelingQNetwork(nn.Module):
             self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), hidden_size), nn.ReLU())
             features = hidden_size
         self.value = nn.Sequential(nn.Linear(features, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
-        self.advantage = nn.Sequential(
-            nn.Linear(features, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions)
-        )
+        self.advantage = nn.Sequential(nn.Linear(features, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float() / 255.0 if self.is_image else x.float()
@@ -316,8 +331,9 @@ class PrioritizedReplayBuffer:
         mass = (np.arange(batch_size) + self.rng.random(batch_size)) * (total / batch_size)
         indices = self.sum_tree.find_prefix_sum(np.minimum(mass, total))
         weights = importance_weights(self.sum_tree.leaves(indices), self.min_tree.root, beta)
-        batch = ReplayBatch(self.obs[indices], self.actions[indices], self.returns[indices],
-                            self.discounts[indices], self.next_obs[indices])
+        batch = ReplayBatch(
+            self.obs[indices], self.actions[indices], self.returns[indices], self.discounts[indices], self.next_obs[indices]
+        )
         return batch, indices, weights
 
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
@@ -329,10 +345,18 @@ class PrioritizedReplayBuffer:
     def state_dict(self) -> dict:
         """Everything sampling depends on. The filled slots only, as tensors: torch.save writes tensor
         storage straight to the file, where pickling a numpy array would first copy it in memory."""
-        filled = {name: torch.from_numpy(getattr(self, name)[: self.size])
-                  for name in ("obs", "next_obs", "actions", "returns", "discounts")}
-        return dict(filled, sum_tree=self.sum_tree.nodes.copy(), min_tree=self.min_tree.nodes.copy(),
-                    max_priority=self.max_priority, pos=self.pos, size=self.size)
+        filled = {
+            name: torch.from_numpy(getattr(self, name)[: self.size])
+            for name in ("obs", "next_obs", "actions", "returns", "discounts")
+        }
+        return dict(
+            filled,
+            sum_tree=self.sum_tree.nodes.copy(),
+            min_tree=self.min_tree.nodes.copy(),
+            max_priority=self.max_priority,
+            pos=self.pos,
+            size=self.size,
+        )
 
     def load_state_dict(self, state: dict) -> None:
         self.pos, self.size, self.max_priority = state["pos"], state["size"], state["max_priority"]
@@ -382,8 +406,7 @@ class NStepWindow:
         return self.obs[k, env], self.actions[k, env], returns, discounts, next_obs[env]
 
     def state_dict(self) -> dict:
-        return dict(obs=self.obs.copy(), actions=self.actions.copy(), rewards=self.rewards.copy(),
-                    length=self.length.copy())
+        return dict(obs=self.obs.copy(), actions=self.actions.copy(), rewards=self.rewards.copy(), length=self.length.copy())
 
     def load_state_dict(self, state: dict) -> None:
         for name in ("obs", "actions", "rewards", "length"):
@@ -407,8 +430,17 @@ def linear_schedule(start: float, end: float, duration: float, t: float) -> floa
     return start + (end - start) * min(t / duration, 1.0)
 
 
-def evaluate(model_path: str, env_id: str, eval_episodes: int, device: torch.device, epsilon: float = 0.05,
-             hidden_size: int = 128, seed: int = 1, capture_video: bool = False, run_name: str = "eval"):
+def evaluate(
+    model_path: str,
+    env_id: str,
+    eval_episodes: int,
+    device: torch.device,
+    epsilon: float = 0.05,
+    hidden_size: int = 128,
+    seed: int = 1,
+    capture_video: bool = False,
+    run_name: str = "eval",
+):
     """Plays `eval_episodes` full games epsilon-greedily with a saved model; returns their scores."""
     spec = envpool.make_spec(env_id)
     model = DuelingQNetwork(spec.observation_space.shape, spec.action_space.n, hidden_size).to(device)
@@ -436,16 +468,19 @@ def evaluate_with_video(model, env_id, eval_episodes, device, epsilon, seed, run
     """Evaluation through a rendering gymnasium env (envpool does not render), recorded to videos/."""
     try:
         import moviepy  # noqa: F401
+
         if is_atari(env_id):
             import ale_py
+
             gym.register_envs(ale_py)
     except ImportError as error:
         raise SystemExit(f"error: --capture-video: needs the `video` extra (ale-py, moviepy): {error}")
     if is_atari(env_id):
         game = env_id.split("-")[0]
         env = gym.make(f"ALE/{game}-v5", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array")
-        env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
-                                              terminal_on_life_loss=False, grayscale_obs=True)
+        env = gym.wrappers.AtariPreprocessing(
+            env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False, grayscale_obs=True
+        )
         env = gym.wrappers.FrameStackObservation(env, 4)
     else:
         env = gym.make(env_id, render_mode="rgb_array")
@@ -468,9 +503,29 @@ def evaluate_with_video(model, env_id, eval_episodes, device, epsilon, seed, run
 
 
 CHECKPOINT_FORMAT = 1
-CHECKPOINT_KEYS = {"format", "args", "run_name", "wandb_id", "iteration", "global_step", "last_target_update",
-                   "q_network", "target_network", "optimizer", "rng", "episode_scores", "score", "length",
-                   "is_reset_step", "obs", "window", "action_log", "losses", "q_means", "replay"}
+CHECKPOINT_KEYS = {
+    "format",
+    "args",
+    "run_name",
+    "wandb_id",
+    "iteration",
+    "global_step",
+    "last_target_update",
+    "q_network",
+    "target_network",
+    "optimizer",
+    "rng",
+    "episode_scores",
+    "score",
+    "length",
+    "is_reset_step",
+    "obs",
+    "window",
+    "action_log",
+    "losses",
+    "q_means",
+    "replay",
+}
 # These keep their command-line value on --resume; every other flag comes from the checkpoint.
 RESUME_OVERRIDES = ("resume", "checkpoint_every", "cuda", "track")
 
@@ -496,9 +551,13 @@ def stop_on_signals():
 
 
 def rng_states(replay_rng: np.random.Generator) -> dict:
-    return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
-                cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                replay=replay_rng.bit_generator.state)
+    return dict(
+        python=random.getstate(),
+        numpy=np.random.get_state(),
+        torch=torch.get_rng_state(),
+        cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        replay=replay_rng.bit_generator.state,
+    )
 
 
 def set_rng_states(states: dict, replay_rng: np.random.Generator) -> None:
@@ -540,19 +599,24 @@ def resumed_args(given: Args, saved: dict) -> Args:
     (those that differ from the defaults) are ignored because they differ from the checkpoint."""
     defaults, fields = vars(Args()), vars(given)
     saved = {k: v for k, v in saved.items() if k in fields}
-    ignored = [k for k, v in fields.items()
-               if k not in RESUME_OVERRIDES and v != defaults[k] and v != saved.get(k, defaults[k])]
+    ignored = [
+        k for k, v in fields.items() if k not in RESUME_OVERRIDES and v != defaults[k] and v != saved.get(k, defaults[k])
+    ]
     if ignored:
-        print("--resume: ignoring flags that differ from the checkpoint: "
-              + ", ".join(f"--{k.replace('_', '-')}={fields[k]}" for k in ignored))
+        print(
+            "--resume: ignoring flags that differ from the checkpoint: "
+            + ", ".join(f"--{k.replace('_', '-')}={fields[k]}" for k in ignored)
+        )
     return Args(**{**saved, **{k: fields[k] for k in RESUME_OVERRIDES}})
 
 
 def replay_actions(envs, action_log: np.ndarray) -> np.ndarray:
     """Brings freshly reset envs back to where the checkpoint left them: envpool cannot save its state,
     but it is deterministic given its seed and the actions. Returns the last observation."""
-    print(f"--resume: replaying {len(action_log)} logged environment steps ({len(action_log) * envs.num_envs} "
-          "agent steps) to restore the environments")
+    print(
+        f"--resume: replaying {len(action_log)} logged environment steps ({len(action_log) * envs.num_envs} "
+        "agent steps) to restore the environments"
+    )
     obs, _ = envs.reset()
     for actions in action_log:
         obs, *_ = envs.step(actions.astype(np.int64))
@@ -575,9 +639,16 @@ def main(args: Args) -> list[float]:
             import wandb
 
             saved_id = checkpoint["wandb_id"] if checkpoint else None
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=vars(args), name=run_name, save_code=True, id=saved_id,
-                       resume="allow" if saved_id else None)
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=vars(args),
+                name=run_name,
+                save_code=True,
+                id=saved_id,
+                resume="allow" if saved_id else None,
+            )
             wandb_id = wandb.run.id
         if checkpoint:
             # purge_step drops the events a killed run logged after its checkpoint's step (those at the
@@ -585,7 +656,9 @@ def main(args: Args) -> list[float]:
             writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1)
         else:
             writer = SummaryWriter(run_dir)
-            writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+            writer.add_text(
+                "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+            )
 
         random.seed(args.seed)
         np.random.seed(args.seed)
@@ -634,8 +707,10 @@ def main(args: Args) -> list[float]:
             action_log[: checkpoint["iteration"]] = checkpoint["action_log"]
             obs = replay_actions(envs, checkpoint["action_log"])
             if not np.array_equal(obs, checkpoint["obs"]):
-                raise SystemExit(f"error: --resume={args.resume}: environment replay diverged from the checkpoint "
-                                 "(different envpool version or platform?)")
+                raise SystemExit(
+                    f"error: --resume={args.resume}: environment replay diverged from the checkpoint "
+                    "(different envpool version or platform?)"
+                )
             set_rng_states(checkpoint["rng"], rb.rng)  # last: building the networks consumed random numbers
             print(f"--resume: continuing {run_name} from step {checkpoint['global_step']}")
         else:
@@ -647,13 +722,27 @@ def main(args: Args) -> list[float]:
 
         def checkpoint_state() -> dict:
             return dict(
-                format=CHECKPOINT_FORMAT, args=vars(args), run_name=run_name, wandb_id=wandb_id,
-                iteration=iteration, global_step=global_step, last_target_update=last_target_update,
-                q_network=q_network.state_dict(), target_network=target_network.state_dict(),
-                optimizer=optimizer.state_dict(), rng=rng_states(rb.rng), episode_scores=list(episode_scores),
-                score=score.copy(), length=length.copy(), is_reset_step=is_reset_step.copy(), obs=obs.copy(),
-                window=window.state_dict(), action_log=action_log[:iteration].copy(), losses=list(losses),
-                q_means=list(q_means), replay=rb.state_dict() if args.checkpoint_replay else None,
+                format=CHECKPOINT_FORMAT,
+                args=vars(args),
+                run_name=run_name,
+                wandb_id=wandb_id,
+                iteration=iteration,
+                global_step=global_step,
+                last_target_update=last_target_update,
+                q_network=q_network.state_dict(),
+                target_network=target_network.state_dict(),
+                optimizer=optimizer.state_dict(),
+                rng=rng_states(rb.rng),
+                episode_scores=list(episode_scores),
+                score=score.copy(),
+                length=length.copy(),
+                is_reset_step=is_reset_step.copy(),
+                obs=obs.copy(),
+                window=window.state_dict(),
+                action_log=action_log[:iteration].copy(),
+                losses=list(losses),
+                q_means=list(q_means),
+                replay=rb.state_dict() if args.checkpoint_replay else None,
             )
 
         for iteration in range(start_iteration, num_iterations + 1):
@@ -699,8 +788,10 @@ def main(args: Args) -> list[float]:
                 try:  # a NaN/inf loss or Q-value reaches the gradient norm: stop before it reaches the weights
                     nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm, error_if_nonfinite=True)
                 except RuntimeError:
-                    raise SystemExit(f"error: non-finite loss or Q-values at step {global_step}; "
-                                     f"last good checkpoint: {last_checkpoint or 'none written'}") from None
+                    raise SystemExit(
+                        f"error: non-finite loss or Q-values at step {global_step}; "
+                        f"last good checkpoint: {last_checkpoint or 'none written'}"
+                    ) from None
                 optimizer.step()
                 rb.update_priorities(indices, td_errors.detach().abs().cpu().numpy() + args.priority_eps)
                 losses.append(loss.detach())
@@ -727,14 +818,17 @@ def main(args: Args) -> list[float]:
                 print(f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {mean:8.2f} | ETA {eta}")
 
             every = args.checkpoint_every
-            periodic = every > 0 and (global_step // every > (global_step - args.num_envs) // every
-                                      or iteration == num_iterations)
+            periodic = every > 0 and (
+                global_step // every > (global_step - args.num_envs) // every or iteration == num_iterations
+            )
             if periodic or stop.requested:
                 save_checkpoint(checkpoint_state(), checkpoint_path)
                 last_checkpoint = checkpoint_path
             if stop.requested:
-                print(f"checkpoint written to {checkpoint_path}; continue with: "
-                      f"python cleanrl/dqn_dueling_per.py --resume {checkpoint_path}")
+                print(
+                    f"checkpoint written to {checkpoint_path}; continue with: "
+                    f"python cleanrl/dqn_dueling_per.py --resume {checkpoint_path}"
+                )
                 break
 
         envs.close()
@@ -742,9 +836,17 @@ def main(args: Args) -> list[float]:
             model_path = f"{run_dir}/{args.exp_name}.cleanrl_model"
             torch.save(q_network.state_dict(), model_path)
             print(f"model saved to {model_path}")
-            eval_scores = evaluate(model_path, args.env_id, args.eval_episodes, device, epsilon=0.05,
-                                   hidden_size=args.hidden_size, seed=args.seed + 1,
-                                   capture_video=args.capture_video, run_name=run_name)
+            eval_scores = evaluate(
+                model_path,
+                args.env_id,
+                args.eval_episodes,
+                device,
+                epsilon=0.05,
+                hidden_size=args.hidden_size,
+                seed=args.seed + 1,
+                capture_video=args.capture_video,
+                run_name=run_name,
+            )
             for episode, eval_score in enumerate(eval_scores):
                 writer.add_scalar("eval/episodic_return", eval_score, episode)
         writer.close()

@@ -451,8 +451,7 @@ def load_checkpoint(path: str) -> dict:
     size, available = os.path.getsize(path), available_memory_bytes()
     if size > available:
         raise SystemExit(
-            f"error: --resume={path}: the checkpoint takes {size / 1e9:,.1f} GB but {available / 1e9:,.1f} GB are "
-            "available"
+            f"error: --resume={path}: the checkpoint takes {size / 1e9:,.1f} GB but {available / 1e9:,.1f} GB are available"
         )
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)  # holds numpy RNG states
@@ -588,8 +587,15 @@ def main(args: Args) -> list[float]:
     target_network = make_network().to(device)
     target_network.load_state_dict(q_network.state_dict())
     rb = ReplayBuffer(
-        args.buffer_size, args.num_envs, frame_shape, np.uint8, STACK_NUM, device, np.random.default_rng(args.seed),
-        args.n_step, args.gamma,
+        args.buffer_size,
+        args.num_envs,
+        frame_shape,
+        np.uint8,
+        STACK_NUM,
+        device,
+        np.random.default_rng(args.seed),
+        args.n_step,
+        args.gamma,
     )
     N, N_prime, K = args.num_tau_samples, args.num_tau_prime_samples, args.num_quantile_samples
     num_iterations = -(-args.total_timesteps // args.num_envs)

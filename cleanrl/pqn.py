@@ -109,17 +109,19 @@ def validate_args(args: Args) -> None:
         raise SystemExit(f"error: --env-id={args.env_id}: not an envpool environment (e.g. CartPole-v1, Acrobot-v1)")
     action_space = envpool.make_spec(args.env_id).action_space
     if not isinstance(action_space, gym.spaces.Discrete):
-        raise SystemExit(f"error: --env-id={args.env_id}: has a {type(action_space).__name__} action space; PQN needs discrete actions")
+        raise SystemExit(
+            f"error: --env-id={args.env_id}: has a {type(action_space).__name__} action space; PQN needs discrete actions"
+        )
     for flag in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"error: --{flag.replace('_', '-')}={getattr(args, flag)}: must be at least 1")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
-        raise SystemExit(
-            f"error: --num-minibatches={args.num_minibatches}: must divide num_envs * num_steps = {batch_size}"
-        )
+        raise SystemExit(f"error: --num-minibatches={args.num_minibatches}: must divide num_envs * num_steps = {batch_size}")
     if args.total_timesteps < batch_size:
-        raise SystemExit(f"error: --total-timesteps={args.total_timesteps}: must be at least num_envs * num_steps = {batch_size}")
+        raise SystemExit(
+            f"error: --total-timesteps={args.total_timesteps}: must be at least num_envs * num_steps = {batch_size}"
+        )
     if not 0.0 <= args.q_lambda <= 1.0:
         raise SystemExit(f"error: --q-lambda={args.q_lambda}: must lie in [0, 1]")
     if not 0.0 <= args.gamma <= 1.0:
@@ -330,8 +332,22 @@ def evaluate(
 
 CHECKPOINT_FORMAT = 2  # 2: the optimizer holds one flat parameter
 CHECKPOINT_KEYS = (
-    "format", "args", "run_name", "wandb_id", "global_step", "iteration", "network", "optimizer", "rng",
-    "all_scores", "episode_returns", "episode_lengths", "recent_returns", "next_obs", "next_is_reset_step", "action_log",
+    "format",
+    "args",
+    "run_name",
+    "wandb_id",
+    "global_step",
+    "iteration",
+    "network",
+    "optimizer",
+    "rng",
+    "all_scores",
+    "episode_returns",
+    "episode_lengths",
+    "recent_returns",
+    "next_obs",
+    "next_is_reset_step",
+    "action_log",
 )
 # Flags a resumed run takes from the command line; every other flag comes from the checkpoint.
 RESUME_FLAGS = ("resume", "checkpoint_every", "cuda", "track")
@@ -407,9 +423,7 @@ def resumed_args(saved: dict, given: Args) -> Args:
     return args
 
 
-def replay_actions(
-    envs, obs: np.ndarray, action_log: np.ndarray, expected_obs: np.ndarray, action_dtype: type
-) -> np.ndarray:
+def replay_actions(envs, obs: np.ndarray, action_log: np.ndarray, expected_obs: np.ndarray, action_dtype: type) -> np.ndarray:
     """Brings freshly seeded envs, just reset to `obs`, back to the checkpoint's state: envpool cannot save its
     state, but it is deterministic given the seed and the actions. Returns the observation after the last step."""
     print(f"resume: replaying {len(action_log)} logged environment steps")
@@ -596,7 +610,10 @@ def main(args: Args) -> list[float]:
                 last_print = time.time()
                 recent = np.mean(stats.recent) if stats.recent else float("nan")
                 eta = (args.total_timesteps - global_step) / max(sps, 1)
-                print(f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {recent:8.2f} | ETA {eta:5.0f}s")
+                print(
+                    f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {recent:8.2f} "
+                    f"| ETA {eta:5.0f}s"
+                )
 
         # Checkpoints fall on iteration boundaries, where the rollout storage holds nothing that is still needed.
         every = args.checkpoint_every

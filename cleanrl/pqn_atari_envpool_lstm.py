@@ -88,7 +88,6 @@ class Args:
     """continue the run saved in this checkpoint, in the same run directory (and W&B run)"""
 
 
-
 def available_memory_bytes() -> int:
     """RAM the kernel says can be allocated without swapping (MemAvailable), else the free pages."""
     try:
@@ -118,7 +117,9 @@ def validate_args(args: Args) -> None:
         raise SystemExit(f"error: --env-id={args.env_id}: not an Atari game (image observations); use cleanrl/pqn.py")
     action_space = spec.action_space
     if not isinstance(action_space, gym.spaces.Discrete):
-        raise SystemExit(f"error: --env-id={args.env_id}: has a {type(action_space).__name__} action space; PQN needs discrete actions")
+        raise SystemExit(
+            f"error: --env-id={args.env_id}: has a {type(action_space).__name__} action space; PQN needs discrete actions"
+        )
     for flag in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"error: --{flag.replace('_', '-')}={getattr(args, flag)}: must be at least 1")
@@ -129,7 +130,9 @@ def validate_args(args: Args) -> None:
             "(a minibatch is a set of whole environments)"
         )
     if args.total_timesteps < batch_size:
-        raise SystemExit(f"error: --total-timesteps={args.total_timesteps}: must be at least num_envs * num_steps = {batch_size}")
+        raise SystemExit(
+            f"error: --total-timesteps={args.total_timesteps}: must be at least num_envs * num_steps = {batch_size}"
+        )
     if not 0.0 <= args.q_lambda <= 1.0:
         raise SystemExit(f"error: --q-lambda={args.q_lambda}: must lie in [0, 1]")
     if not 0.0 <= args.gamma <= 1.0:
@@ -319,7 +322,9 @@ def evaluate(
     lives = np.full(num_envs, np.iinfo(np.int32).max)
     while quota.sum() > 0:
         with torch.no_grad():
-            q_values, state = model(torch.as_tensor(obs, device=device)[None], state, torch.as_tensor(episode_start, device=device)[None])
+            q_values, state = model(
+                torch.as_tensor(obs, device=device)[None], state, torch.as_tensor(episode_start, device=device)[None]
+            )
             greedy = q_values[0].argmax(1).cpu().numpy()
         explore = np.random.rand(num_envs) < epsilon
         actions = np.where(explore, np.random.randint(num_actions, size=num_envs), greedy)
@@ -339,9 +344,24 @@ def evaluate(
 
 CHECKPOINT_FORMAT = 1
 CHECKPOINT_KEYS = (
-    "format", "args", "run_name", "wandb_id", "global_step", "iteration", "network", "optimizer", "rng",
-    "all_scores", "episode_returns", "episode_lengths", "recent_returns", "next_obs", "next_is_reset_step", "action_log",
-    "next_episode_start", "lstm_state",
+    "format",
+    "args",
+    "run_name",
+    "wandb_id",
+    "global_step",
+    "iteration",
+    "network",
+    "optimizer",
+    "rng",
+    "all_scores",
+    "episode_returns",
+    "episode_lengths",
+    "recent_returns",
+    "next_obs",
+    "next_is_reset_step",
+    "action_log",
+    "next_episode_start",
+    "lstm_state",
 )
 # Flags a resumed run takes from the command line; every other flag comes from the checkpoint.
 RESUME_FLAGS = ("resume", "checkpoint_every", "cuda", "track")
@@ -417,9 +437,7 @@ def resumed_args(saved: dict, given: Args) -> Args:
     return args
 
 
-def replay_actions(
-    envs, obs: np.ndarray, action_log: np.ndarray, expected_obs: np.ndarray, action_dtype: type
-) -> np.ndarray:
+def replay_actions(envs, obs: np.ndarray, action_log: np.ndarray, expected_obs: np.ndarray, action_dtype: type) -> np.ndarray:
     """Brings freshly seeded envs, just reset to `obs`, back to the checkpoint's state: envpool cannot save its
     state, but it is deterministic given the seed and the actions. Returns the observation after the last step."""
     print(f"resume: replaying {len(action_log)} logged environment steps")
@@ -596,9 +614,7 @@ def main(args: Args) -> list[float]:
                     optimizer.zero_grad()
                     loss.backward()
                     # Raises before the step on a NaN/inf loss or Q-value: they all reach the gradient norm.
-                    nn.utils.clip_grad_norm_(
-                        q_network.parameters(), args.max_grad_norm, error_if_nonfinite=True, foreach=True
-                    )
+                    nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm, error_if_nonfinite=True, foreach=True)
                     optimizer.step()
         except RuntimeError as error:
             if "non-finite" not in str(error):
@@ -620,7 +636,10 @@ def main(args: Args) -> list[float]:
                 last_print = time.time()
                 recent = np.mean(stats.recent) if stats.recent else float("nan")
                 eta = (args.total_timesteps - global_step) / max(sps, 1)
-                print(f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {recent:8.2f} | ETA {eta:5.0f}s")
+                print(
+                    f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {recent:8.2f} "
+                    f"| ETA {eta:5.0f}s"
+                )
 
         # Checkpoints fall on iteration boundaries, where the rollout storage holds nothing that is still needed.
         every = args.checkpoint_every

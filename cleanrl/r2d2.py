@@ -128,9 +128,7 @@ class QNetwork(nn.Module):
         self.torso = nn.Sequential(nn.Linear(obs_dim, hidden_size), nn.ReLU())
         self.lstm = nn.LSTM(hidden_size + num_actions + 1, hidden_size)
         self.value = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
-        self.advantage = nn.Sequential(
-            nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions)
-        )
+        self.advantage = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
 
     def forward(self, obs, prev_action, prev_reward, is_first, state):
         """obs (T, B, ...), prev_action (T, B) long (-1: none), prev_reward (T, B), is_first (T, B) bool,
@@ -206,8 +204,9 @@ class SequenceReplay:
     outside [lo, hi) are padding. The first windows of an episode reach back before it (lo >= 0, zero state), so
     its first steps are trained too, not only used as burn-in."""
 
-    def __init__(self, num_envs, capacity, obs_shape, obs_dtype, hidden_size, seq_len, burn_in, overlap, n_step,
-                 priority_exponent):
+    def __init__(
+        self, num_envs, capacity, obs_shape, obs_dtype, hidden_size, seq_len, burn_in, overlap, n_step, priority_exponent
+    ):
         self.num_envs, self.steps = num_envs, capacity // num_envs
         self.seq_len, self.burn_in, self.stride, self.window = seq_len, burn_in, seq_len - overlap, seq_len + n_step
         self.priority_exponent = priority_exponent
@@ -235,8 +234,20 @@ class SequenceReplay:
         memory: torch.save writes those without a pickled copy of a large replay."""
         state = dict(t=self.t, episode_start=self.episode_start.copy())
         if with_arrays:
-            names = ["obs", "actions", "rewards", "terminated", "truncated", "seq_env", "seq_start", "seq_lo",
-                     "seq_hi", "seq_h", "seq_c", "open"]
+            names = [
+                "obs",
+                "actions",
+                "rewards",
+                "terminated",
+                "truncated",
+                "seq_env",
+                "seq_start",
+                "seq_lo",
+                "seq_hi",
+                "seq_h",
+                "seq_c",
+                "open",
+            ]
             state.update({name: torch.from_numpy(getattr(self, name)) for name in names})
             state.update(tree=torch.from_numpy(self.tree.nodes), next_seq=self.next_seq, max_priority=self.max_priority)
         return state
@@ -250,8 +261,19 @@ class SequenceReplay:
                 setattr(self, name, value)
 
     def bytes_per_observation(self) -> float:
-        arrays = [self.obs, self.actions, self.rewards, self.terminated, self.truncated, self.seq_env,
-                  self.seq_start, self.seq_lo, self.seq_hi, self.seq_h, self.seq_c]
+        arrays = [
+            self.obs,
+            self.actions,
+            self.rewards,
+            self.terminated,
+            self.truncated,
+            self.seq_env,
+            self.seq_start,
+            self.seq_lo,
+            self.seq_hi,
+            self.seq_h,
+            self.seq_c,
+        ]
         return (sum(a.nbytes for a in arrays) + self.tree.nodes.nbytes) / (self.num_envs * self.steps)
 
     def _new_windows(self, envs, starts, lo, h, c):
@@ -319,10 +341,18 @@ class SequenceReplay:
         done = valid & (self.terminated[env, slots] | self.truncated[env, slots])
         now, before = slice(self.history, None), slice(self.history - 1, -1)
         batch = dict(
-            obs=obs, actions=actions[now], rewards=rewards[now], prev_action=actions[before],
-            prev_reward=rewards[before], terminated=valid[now] & self.terminated[env, slots[now]], done=done[now],
-            valid=valid[now], is_reset=done[before], is_first=valid[now] & ~valid[before],
-            h=self.seq_h[ids], c=self.seq_c[ids],
+            obs=obs,
+            actions=actions[now],
+            rewards=rewards[now],
+            prev_action=actions[before],
+            prev_reward=rewards[before],
+            terminated=valid[now] & self.terminated[env, slots[now]],
+            done=done[now],
+            valid=valid[now],
+            is_reset=done[before],
+            is_first=valid[now] & ~valid[before],
+            h=self.seq_h[ids],
+            c=self.seq_c[ids],
         )
         batch = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
         batch["prev_reward"] = batch["prev_reward"].clamp(-1, 1)  # as the actor sees it
@@ -415,8 +445,18 @@ def sequence_td_errors(q_net, target_net, batch, burn_in: int, seq_len: int, n_s
     return (target - q_taken) * mask, mask, q_taken
 
 
-def evaluate(model_path, env_id, eval_episodes, device, epsilon=0.001, mask_velocity=False, hidden_size=128,
-             capture_video=False, run_name="eval", seed=1):
+def evaluate(
+    model_path,
+    env_id,
+    eval_episodes,
+    device,
+    epsilon=0.001,
+    mask_velocity=False,
+    hidden_size=128,
+    capture_video=False,
+    run_name="eval",
+    seed=1,
+):
     """Runs a saved model on fresh environments; returns the first `eval_episodes` game scores."""
     envs = make_env(env_id, eval_episodes, seed)
     obs, _ = envs.reset()
@@ -479,11 +519,19 @@ def validate_args(args: Args) -> None:
         ("seq-len", args.seq_len, args.seq_len >= 2, "at least 2"),
         ("burn-in", args.burn_in, 0 <= args.burn_in < args.seq_len, f"0 <= burn-in < --seq-len={args.seq_len}"),
         ("overlap", args.overlap, 0 <= args.overlap < args.seq_len, f"0 <= overlap < --seq-len={args.seq_len}"),
-        ("n-step", args.n_step, 1 <= args.n_step <= args.seq_len - args.burn_in,
-         f"1 <= n-step <= seq-len - burn-in = {args.seq_len - args.burn_in}"),
+        (
+            "n-step",
+            args.n_step,
+            1 <= args.n_step <= args.seq_len - args.burn_in,
+            f"1 <= n-step <= seq-len - burn-in = {args.seq_len - args.burn_in}",
+        ),
         ("batch-size", args.batch_size, args.batch_size >= 1, "at least 1"),
-        ("buffer-size", args.buffer_size, args.buffer_size // args.num_envs >= 2 * (args.seq_len + args.n_step),
-         f"at least num-envs * 2 * (seq-len + n-step) = {args.num_envs * 2 * (args.seq_len + args.n_step)}"),
+        (
+            "buffer-size",
+            args.buffer_size,
+            args.buffer_size // args.num_envs >= 2 * (args.seq_len + args.n_step),
+            f"at least num-envs * 2 * (seq-len + n-step) = {args.num_envs * 2 * (args.seq_len + args.n_step)}",
+        ),
         ("replay-ratio", args.replay_ratio, args.replay_ratio > 0, "> 0"),
         ("target-update-interval", args.target_update_interval, args.target_update_interval >= 1, "at least 1"),
         ("base-epsilon", args.base_epsilon, 0 <= args.base_epsilon <= 1, "in [0, 1]"),
@@ -502,8 +550,10 @@ def validate_args(args: Args) -> None:
     needed = replay_memory_bytes(args, observe(np.zeros((1, *obs_shape)), args.mask_velocity).shape[1:], np.float32)
     available = available_memory_bytes()
     if needed > available:
-        raise SystemExit(f"error: --buffer-size={args.buffer_size}: the replay needs about {needed / 1e9:,.1f} GB but "
-                         f"{available / 1e9:,.1f} GB are available; lower --buffer-size")
+        raise SystemExit(
+            f"error: --buffer-size={args.buffer_size}: the replay needs about {needed / 1e9:,.1f} GB but "
+            f"{available / 1e9:,.1f} GB are available; lower --buffer-size"
+        )
 
 
 class StopRequest:
@@ -527,17 +577,44 @@ class StopRequest:
 
 
 CHECKPOINT_VERSION = 1
-CHECKPOINT_KEYS = ["version", "args", "run_name", "wandb_id", "iteration", "global_step", "updates", "update_credit",
-                   "learn_from", "q_net", "target_net", "optimizer", "rng", "scores", "episode_return",
-                   "episode_length", "obs", "h", "c", "is_first", "is_reset", "prev_action", "prev_reward",
-                   "action_log", "replay"]
+CHECKPOINT_KEYS = [
+    "version",
+    "args",
+    "run_name",
+    "wandb_id",
+    "iteration",
+    "global_step",
+    "updates",
+    "update_credit",
+    "learn_from",
+    "q_net",
+    "target_net",
+    "optimizer",
+    "rng",
+    "scores",
+    "episode_return",
+    "episode_length",
+    "obs",
+    "h",
+    "c",
+    "is_first",
+    "is_reset",
+    "prev_action",
+    "prev_reward",
+    "action_log",
+    "replay",
+]
 FLAGS_KEPT_ON_RESUME = ["resume", "checkpoint_every", "cuda", "track"]
 
 
 def rng_states(rng: np.random.Generator) -> dict:
-    return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
-                cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                generator=rng.bit_generator.state)
+    return dict(
+        python=random.getstate(),
+        numpy=np.random.get_state(),
+        torch=torch.get_rng_state(),
+        cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        generator=rng.bit_generator.state,
+    )
 
 
 def set_rng_states(states: dict, rng: np.random.Generator) -> None:
@@ -577,8 +654,11 @@ def load_checkpoint(path: str) -> dict:
 def resumed_args(saved: dict, given: Args) -> Args:
     """The checkpoint's flags, apart from those a later session may change; names the given flags it ignores."""
     defaults, given_values = vars(Args()), vars(given)
-    ignored = [key for key, value in given_values.items()
-               if key not in FLAGS_KEPT_ON_RESUME and value != saved.get(key) and value != defaults[key]]
+    ignored = [
+        key
+        for key, value in given_values.items()
+        if key not in FLAGS_KEPT_ON_RESUME and value != saved.get(key) and value != defaults[key]
+    ]
     if ignored:
         flags = ", ".join(f"--{key.replace('_', '-')}={given_values[key]}" for key in ignored)
         print(f"resume: these flags differ from the checkpoint's and are ignored: {flags}")
@@ -616,8 +696,16 @@ def train(args: Args, checkpoint: Optional[dict], stop: StopRequest) -> list[flo
     if args.track:
         import wandb
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True, id=wandb_id, resume="allow")
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            save_code=True,
+            id=wandb_id,
+            resume="allow",
+        )
         wandb_id = wandb.run.id
     # a resumed run drops what the interrupted one logged after its checkpoint
     writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
@@ -642,8 +730,18 @@ def train(args: Args, checkpoint: Optional[dict], stop: StopRequest) -> list[flo
     target_net = QNetwork(obs.shape[1], num_actions, args.hidden_size).to(device)
     target_net.load_state_dict(q_net.state_dict())
     optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps)
-    rb = SequenceReplay(num_envs, args.buffer_size, obs.shape[1:], np.float32, args.hidden_size, args.seq_len,
-                        args.burn_in, args.overlap, args.n_step, args.priority_exponent)
+    rb = SequenceReplay(
+        num_envs,
+        args.buffer_size,
+        obs.shape[1:],
+        np.float32,
+        args.hidden_size,
+        args.seq_len,
+        args.burn_in,
+        args.overlap,
+        args.n_step,
+        args.priority_exponent,
+    )
     print(f"replay: {rb.bytes_per_observation():.1f} bytes per stored observation")
     writer.add_text("replay", f"{rb.bytes_per_observation():.1f} bytes per stored observation")
     updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * (args.seq_len - args.burn_in))
@@ -662,8 +760,10 @@ def train(args: Args, checkpoint: Optional[dict], stop: StopRequest) -> list[flo
         action_log[:start_iteration] = checkpoint["action_log"]
         obs = observe(step_through(envs, action_log[:start_iteration], obs), args.mask_velocity)
         if not np.array_equal(obs, checkpoint["obs"]):
-            raise SystemExit(f"error: --resume={args.resume}: environment replay diverged from the checkpoint "
-                             "(another envpool version or machine?)")
+            raise SystemExit(
+                f"error: --resume={args.resume}: environment replay diverged from the checkpoint "
+                "(another envpool version or machine?)"
+            )
         q_net.load_state_dict(checkpoint["q_net"])
         target_net.load_state_dict(checkpoint["target_net"])
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -689,8 +789,9 @@ def train(args: Args, checkpoint: Optional[dict], stop: StopRequest) -> list[flo
         epsilons = actor_epsilons(num_envs, base_epsilon, args.epsilon_alpha)
         with torch.no_grad():
             q, (next_h, next_c) = q_net(*to_step_inputs(obs, prev_action, prev_reward, device, is_first), (h, c))
-        actions = np.where(rng.random(num_envs) < epsilons, rng.integers(num_actions, size=num_envs),
-                           q[0].argmax(-1).cpu().numpy())
+        actions = np.where(
+            rng.random(num_envs) < epsilons, rng.integers(num_actions, size=num_envs), q[0].argmax(-1).cpu().numpy()
+        )
         next_obs, reward, terminated, truncated, info = envs.step(actions)
         action_log[iteration] = actions
         rb.add(obs, actions, reward, terminated, truncated, is_first, is_reset, h.cpu().numpy(), c.cpu().numpy())
@@ -713,8 +814,9 @@ def train(args: Args, checkpoint: Optional[dict], stop: StopRequest) -> list[flo
         while update_credit >= 1:
             update_credit -= 1
             ids, batch = rb.sample(args.batch_size, rng, args.importance_exponent, device)
-            td, mask, q_taken = sequence_td_errors(q_net, target_net, batch, args.burn_in, args.seq_len,
-                                                   args.n_step, args.gamma)
+            td, mask, q_taken = sequence_td_errors(
+                q_net, target_net, batch, args.burn_in, args.seq_len, args.n_step, args.gamma
+            )
             per_sequence = (0.5 * td**2).sum(0) / mask.sum(0).clamp(min=1)
             loss = (batch["weights"] * per_sequence).mean()
             optimizer.zero_grad()
@@ -722,8 +824,10 @@ def train(args: Args, checkpoint: Optional[dict], stop: StopRequest) -> list[flo
             try:  # a NaN/inf loss or Q-value reaches the gradient norm: stop before it reaches the weights
                 nn.utils.clip_grad_norm_(q_net.parameters(), args.max_grad_norm, error_if_nonfinite=True)
             except RuntimeError:
-                raise SystemExit(f"error: non-finite loss or Q-values at step {global_step}; last good checkpoint: "
-                                 f"{last_checkpoint or 'none written'}") from None
+                raise SystemExit(
+                    f"error: non-finite loss or Q-values at step {global_step}; last good checkpoint: "
+                    f"{last_checkpoint or 'none written'}"
+                ) from None
             optimizer.step()
             priorities = sequence_priorities(td.detach().abs(), mask, args.priority_eta)
             rb.update_priorities(ids, priorities.cpu().numpy())
@@ -750,28 +854,59 @@ def train(args: Args, checkpoint: Optional[dict], stop: StopRequest) -> list[flo
         due = crossed or (every > 0 and iteration + 1 == num_iterations)
         stopping = stop.requested  # read once: a signal arriving in between must not skip the checkpoint
         if due or stopping:
-            save_checkpoint(dict(
-                version=CHECKPOINT_VERSION, args=vars(args), run_name=run_name, wandb_id=wandb_id, iteration=iteration,
-                global_step=global_step, updates=updates, update_credit=update_credit, learn_from=learn_from,
-                q_net=q_net.state_dict(), target_net=target_net.state_dict(), optimizer=optimizer.state_dict(),
-                rng=rng_states(rng), scores=scores, episode_return=episode_return, episode_length=episode_length,
-                obs=obs, h=h.cpu(), c=c.cpu(), is_first=is_first, is_reset=is_reset, prev_action=prev_action,
-                prev_reward=prev_reward, action_log=action_log[: iteration + 1],
-                replay=rb.state_dict(with_arrays=args.checkpoint_replay),
-            ), checkpoint_path)
+            save_checkpoint(
+                dict(
+                    version=CHECKPOINT_VERSION,
+                    args=vars(args),
+                    run_name=run_name,
+                    wandb_id=wandb_id,
+                    iteration=iteration,
+                    global_step=global_step,
+                    updates=updates,
+                    update_credit=update_credit,
+                    learn_from=learn_from,
+                    q_net=q_net.state_dict(),
+                    target_net=target_net.state_dict(),
+                    optimizer=optimizer.state_dict(),
+                    rng=rng_states(rng),
+                    scores=scores,
+                    episode_return=episode_return,
+                    episode_length=episode_length,
+                    obs=obs,
+                    h=h.cpu(),
+                    c=c.cpu(),
+                    is_first=is_first,
+                    is_reset=is_reset,
+                    prev_action=prev_action,
+                    prev_reward=prev_reward,
+                    action_log=action_log[: iteration + 1],
+                    replay=rb.state_dict(with_arrays=args.checkpoint_replay),
+                ),
+                checkpoint_path,
+            )
             last_checkpoint = checkpoint_path
         if stopping:
-            print(f"checkpoint written to {checkpoint_path}; continue the run with:\n"
-                  f"  python {os.path.relpath(__file__)} --resume {checkpoint_path}")
+            print(
+                f"checkpoint written to {checkpoint_path}; continue the run with:\n"
+                f"  python {os.path.relpath(__file__)} --resume {checkpoint_path}"
+            )
             break
 
     if args.save_model and not stopping:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         torch.save(q_net.state_dict(), model_path)
         print(f"model saved to {model_path}")
-        eval_scores = evaluate(model_path, args.env_id, args.eval_episodes, device, mask_velocity=args.mask_velocity,
-                               hidden_size=args.hidden_size, capture_video=args.capture_video, run_name=run_name,
-                               seed=args.seed + 100)
+        eval_scores = evaluate(
+            model_path,
+            args.env_id,
+            args.eval_episodes,
+            device,
+            mask_velocity=args.mask_velocity,
+            hidden_size=args.hidden_size,
+            capture_video=args.capture_video,
+            run_name=run_name,
+            seed=args.seed + 100,
+        )
         for i, score in enumerate(eval_scores):
             writer.add_scalar("eval/episodic_return", score, i)
     envs.close()

@@ -182,11 +182,13 @@ class QNetwork(nn.Module):
         self.quantile_embedding = nn.Sequential(layer_init(nn.Linear(args.quantile_embedding_dim, embedded_size)), nn.ReLU())
         self.register_buffer("cosine_frequencies", torch.arange(1, args.quantile_embedding_dim + 1) * np.pi)
         self.advantage = nn.Sequential(
-            layer_init(nn.Linear(args.lstm_size, args.hidden_size)), nn.ReLU(),
+            layer_init(nn.Linear(args.lstm_size, args.hidden_size)),
+            nn.ReLU(),
             layer_init(nn.Linear(args.hidden_size, num_actions), std=0.01),
         )
         self.value = nn.Sequential(
-            layer_init(nn.Linear(args.lstm_size, args.hidden_size)), nn.ReLU(),
+            layer_init(nn.Linear(args.lstm_size, args.hidden_size)),
+            nn.ReLU(),
             layer_init(nn.Linear(args.hidden_size, 1), std=1.0),
         )
 
@@ -208,8 +210,11 @@ class QNetwork(nn.Module):
         are the steps where any sequence starts one, so the LSTM runs in one call between them."""
         T, B = obs.shape[:2]
         x = self.torso(obs.reshape(T * B, *obs.shape[2:])).view(T, B, -1)
-        extras = [F.one_hot(last_action.long() + 1, self.num_actions + 1)[..., 1:].float(),  # -1 -> zeros
-                  last_reward.unsqueeze(-1), timestep.unsqueeze(-1)]
+        extras = [
+            F.one_hot(last_action.long() + 1, self.num_actions + 1)[..., 1:].float(),  # -1 -> zeros
+            last_reward.unsqueeze(-1),
+            timestep.unsqueeze(-1),
+        ]
         keep = (~episode_start).unsqueeze(-1).float()
         if self.iqn_before_lstm:
             x = x.unsqueeze(2) * self.embed(taus)
@@ -312,8 +317,7 @@ class SequenceReplay:
         self.obs = np.zeros((N, C, *obs_shape), dtype=obs_dtype)
         self.last_action, self.action = np.zeros((N, C), dtype=np.int16), np.zeros((N, C), dtype=np.int16)
         self.last_reward, self.reward, self.timestep = (np.zeros((N, C), dtype=np.float32) for _ in range(3))
-        self.episode_start, self.reset_step, self.terminated, self.truncated = (
-            np.zeros((N, C), dtype=bool) for _ in range(4))
+        self.episode_start, self.reset_step, self.terminated, self.truncated = (np.zeros((N, C), dtype=bool) for _ in range(4))
         self.state = torch.zeros((N, self.num_windows, 2, state_size), device=device)
         self.pos = 0  # steps written per environment
         self.priorities = SumTree(N * self.num_windows) if args.prioritized_replay else None
@@ -356,8 +360,18 @@ class SequenceReplay:
             ids, probs = self.priorities.sample(batch_size)
             envs, windows = ids // self.num_windows, ids % self.num_windows
         slots = (windows[None] * self.seq_len + np.arange(self.window)[:, None]) % self.capacity  # (T, B)
-        keys = ["obs", "last_action", "last_reward", "timestep", "episode_start", "reset_step", "action",
-                "reward", "terminated", "truncated"]
+        keys = [
+            "obs",
+            "last_action",
+            "last_reward",
+            "timestep",
+            "episode_start",
+            "reset_step",
+            "action",
+            "reward",
+            "terminated",
+            "truncated",
+        ]
         batch = {key: getattr(self, key)[envs[None], slots] for key in keys}
         state = self.state[torch.from_numpy(envs), torch.from_numpy(windows)]
         return batch, (state[:, 0], state[:, 1]), ids, probs
@@ -366,14 +380,29 @@ class SequenceReplay:
         self.max_priority = max(self.max_priority, float(priorities.max()))
         self.priorities.update(ids, priorities)
 
-    ARRAYS = ["obs", "last_action", "action", "last_reward", "reward", "timestep", "episode_start", "reset_step",
-              "terminated", "truncated"]
+    ARRAYS = [
+        "obs",
+        "last_action",
+        "action",
+        "last_reward",
+        "reward",
+        "timestep",
+        "episode_start",
+        "reset_step",
+        "terminated",
+        "truncated",
+    ]
 
     def state_dict(self):
         # Tensors sharing the arrays' memory: torch.save writes them without a pickled copy of the whole buffer.
         arrays = {key: torch.from_numpy(getattr(self, key)) for key in self.ARRAYS}
-        return dict(arrays, state=self.state, pos=self.pos, max_priority=self.max_priority,
-                    priorities=None if self.priorities is None else self.priorities.tree)
+        return dict(
+            arrays,
+            state=self.state,
+            pos=self.pos,
+            max_priority=self.max_priority,
+            priorities=None if self.priorities is None else self.priorities.tree,
+        )
 
     def load_state_dict(self, saved):
         for key in self.ARRAYS:
@@ -471,8 +500,14 @@ class Agent:
         self.game_over = np.zeros(num_envs, dtype=bool)
 
     def state_dict(self):
-        return dict(state=self.state, last_action=self.last_action, last_reward=self.last_reward,
-                    episode_start=self.episode_start, game_steps=self.game_steps, game_over=self.game_over)
+        return dict(
+            state=self.state,
+            last_action=self.last_action,
+            last_reward=self.last_reward,
+            episode_start=self.episode_start,
+            game_steps=self.game_steps,
+            game_over=self.game_over,
+        )
 
     def load_state_dict(self, saved):
         self.state = tuple(x.to(self.device) for x in saved["state"])
@@ -480,15 +515,20 @@ class Agent:
             setattr(self, key, saved[key])
 
     def inputs(self):
-        return dict(last_action=self.last_action, last_reward=self.last_reward,
-                    timestep=(self.game_steps / self.args.max_episode_steps).astype(np.float32), episode_start=self.episode_start)
+        return dict(
+            last_action=self.last_action,
+            last_reward=self.last_reward,
+            timestep=(self.game_steps / self.args.max_episode_steps).astype(np.float32),
+            episode_start=self.episode_start,
+        )
 
     @torch.no_grad()
     def act(self, obs, epsilons):
         inputs = {k: torch.as_tensor(v, device=self.device)[None] for k, v in self.inputs().items()}
         taus = torch.rand(1, len(obs), self.args.num_action_quantiles, device=self.device)
-        quantiles, self.state = self.network(torch.as_tensor(obs, device=self.device)[None], **inputs,
-                                             state=self.state, taus=taus)
+        quantiles, self.state = self.network(
+            torch.as_tensor(obs, device=self.device)[None], **inputs, state=self.state, taus=taus
+        )
         actions = quantiles[0].mean(1).argmax(1).cpu().numpy()
         explore = np.random.rand(len(obs)) < epsilons
         return np.where(explore, np.random.randint(self.network.num_actions, size=len(obs)), actions)
@@ -512,17 +552,21 @@ def train_step(args, network, target_network, optimizer, rb, device):
     T, B, L, n, burn_in = rb.window, args.batch_size, args.seq_len, args.n_step, args.burn_in
     rand = lambda k: torch.rand(T, B, k, device=device)  # noqa: E731
     with torch.no_grad():
-        target_quantiles, _ = target_network(**inputs, state=initial_state, taus=rand(args.num_target_quantiles),
-                                             bounds=window_bounds)
+        target_quantiles, _ = target_network(
+            **inputs, state=initial_state, taus=rand(args.num_target_quantiles), bounds=window_bounds
+        )
         returns, discounts, bootstrap = n_step_targets(b["reward"], b["terminated"], b["truncated"], args.gamma, n)
     taus, state = rand(args.num_quantiles), initial_state
     if burn_in > 0:  # the burn-in only warms up the stored state: no gradient, no loss
         with torch.no_grad():
-            _, state = network.core(**{k: v[:burn_in] for k, v in inputs.items()}, state=state, taus=taus[:burn_in],
-                                    bounds=[t for t in bounds if t < burn_in] + [burn_in])
+            _, state = network.core(
+                **{k: v[:burn_in] for k, v in inputs.items()},
+                state=state,
+                taus=taus[:burn_in],
+                bounds=[t for t in bounds if t < burn_in] + [burn_in],
+            )
         bounds = [0] + [t - burn_in for t in bounds if t > burn_in]
-    features, _ = network.core(**{k: v[burn_in:] for k, v in inputs.items()}, state=state, taus=taus[burn_in:],
-                               bounds=bounds)
+    features, _ = network.core(**{k: v[burn_in:] for k, v in inputs.items()}, state=state, taus=taus[burn_in:], bounds=bounds)
     quantiles = network.head(features[: L - burn_in], taus[burn_in:L])  # (L - burn_in, B, N, A)
     with torch.no_grad():
         select_taus = rand(args.num_action_quantiles)
@@ -533,8 +577,11 @@ def train_step(args, network, target_network, optimizer, rb, device):
         # Double Q: the online network picks the bootstrap action, the target network values it.
         gather = lambda z: z.gather(0, bootstrap.view(L, B, 1, 1).expand(-1, -1, *z.shape[2:]))  # noqa: E731
         next_actions = gather(select_quantiles).mean(2).argmax(2, keepdim=True)  # (L, B, 1)
-        next_quantiles = gather(target_quantiles).gather(
-            3, next_actions.unsqueeze(2).expand(-1, -1, args.num_target_quantiles, 1)).squeeze(3)  # (L, B, N')
+        next_quantiles = (
+            gather(target_quantiles)
+            .gather(3, next_actions.unsqueeze(2).expand(-1, -1, args.num_target_quantiles, 1))
+            .squeeze(3)
+        )  # (L, B, N')
         if args.value_rescaling:
             next_quantiles = inverse_value_rescale(next_quantiles)
         targets = returns.unsqueeze(2) + discounts.unsqueeze(2) * next_quantiles
@@ -543,8 +590,9 @@ def train_step(args, network, target_network, optimizer, rb, device):
         targets = targets[burn_in:]
     actions = b["action"][burn_in:L].long()
     chosen = quantiles.gather(3, actions.view(*actions.shape, 1, 1).expand(-1, -1, args.num_quantiles, 1)).squeeze(3)
-    loss = quantile_huber_loss(chosen.flatten(0, 1), taus[burn_in:L].flatten(0, 1), targets.flatten(0, 1),
-                               args.kappa).view(L - burn_in, B)
+    loss = quantile_huber_loss(chosen.flatten(0, 1), taus[burn_in:L].flatten(0, 1), targets.flatten(0, 1), args.kappa).view(
+        L - burn_in, B
+    )
     # Reset steps (the action was ignored) and the burn-in are never trained on.
     mask = (~b["reset_step"][burn_in:L]).float()
     weights = torch.ones(B, device=device)
@@ -567,9 +615,11 @@ def train_step(args, network, target_network, optimizer, rb, device):
 
 def make_video_env(env_id, mask_velocity, run_name):
     """One recorded gymnasium environment (envpool does not render)."""
+
     def thunk():
-        env = gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"videos/{run_name}",
-                                       episode_trigger=lambda _: True)
+        env = gym.wrappers.RecordVideo(
+            gym.make(env_id, render_mode="rgb_array"), f"videos/{run_name}", episode_trigger=lambda _: True
+        )
         if mask_velocity:
             env = gym.wrappers.TransformObservation(env, lambda obs: obs[[0, 2]], gym.spaces.Box(-np.inf, np.inf, (2,)))
         return env
@@ -577,10 +627,9 @@ def make_video_env(env_id, mask_velocity, run_name):
     return gym.vector.SyncVectorEnv([thunk])
 
 
-def evaluate(model_path, env_id, eval_episodes, device, epsilon=0.001, args=None, capture_video=False,
-             run_name="eval"):
-    """Plays `eval_episodes` episodes with the saved model and returns their returns. Episodes are split evenly over the environments so short ones are not
-    favoured."""
+def evaluate(model_path, env_id, eval_episodes, device, epsilon=0.001, args=None, capture_video=False, run_name="eval"):
+    """Plays `eval_episodes` episodes with the saved model and returns their returns.
+    Episodes are split evenly over the environments so short ones are not favoured."""
     args = args or Args(env_id=env_id)
     if capture_video:
         envs = make_video_env(env_id, args.mask_velocity, run_name)
@@ -618,17 +667,25 @@ def validate_args(args):
         raise SystemExit(f"error: --env-id={args.env_id}: not an envpool environment id")
     if not isinstance(envpool.make_spec(args.env_id).action_space, gym.spaces.Discrete):
         raise SystemExit(f"error: --env-id={args.env_id}: needs a discrete action space")
-    for flag, value in [("--num-envs", args.num_envs), ("--seq-len", args.seq_len), ("--batch-size", args.batch_size),
-                        ("--n-step", args.n_step), ("--num-quantiles", args.num_quantiles),
-                        ("--num-target-quantiles", args.num_target_quantiles),
-                        ("--num-action-quantiles", args.num_action_quantiles), ("--eval-episodes", args.eval_episodes)]:
+    for flag, value in [
+        ("--num-envs", args.num_envs),
+        ("--seq-len", args.seq_len),
+        ("--batch-size", args.batch_size),
+        ("--n-step", args.n_step),
+        ("--num-quantiles", args.num_quantiles),
+        ("--num-target-quantiles", args.num_target_quantiles),
+        ("--num-action-quantiles", args.num_action_quantiles),
+        ("--eval-episodes", args.eval_episodes),
+    ]:
         if value < 1:
             raise SystemExit(f"error: {flag}={value}: must be at least 1")
     if not 0 <= args.burn_in < args.seq_len:
         raise SystemExit(f"error: --burn-in={args.burn_in}: must be in [0, --seq-len={args.seq_len})")
     if args.buffer_size // args.num_envs < 2 * (args.seq_len + args.n_step):
-        raise SystemExit(f"error: --buffer-size={args.buffer_size}: must hold at least two sequences of "
-                         f"--seq-len + --n-step steps per environment ({2 * (args.seq_len + args.n_step) * args.num_envs})")
+        raise SystemExit(
+            f"error: --buffer-size={args.buffer_size}: must hold at least two sequences of "
+            f"--seq-len + --n-step steps per environment ({2 * (args.seq_len + args.n_step) * args.num_envs})"
+        )
     if args.replay_ratio <= 0:
         raise SystemExit(f"error: --replay-ratio={args.replay_ratio}: must be positive")
     if args.checkpoint_every < 0:
@@ -639,25 +696,54 @@ def validate_args(args):
     need = replay_memory_bytes(args, (2,) if args.mask_velocity else space.shape, space.dtype)
     available = available_memory_bytes()
     if need > available:
-        raise SystemExit(f"error: --buffer-size={args.buffer_size}: the replay needs about {need / 1e9:,.1f} GB but "
-                         f"{available / 1e9:,.1f} GB are available; lower --buffer-size")
+        raise SystemExit(
+            f"error: --buffer-size={args.buffer_size}: the replay needs about {need / 1e9:,.1f} GB but "
+            f"{available / 1e9:,.1f} GB are available; lower --buffer-size"
+        )
     if args.capture_video:
         try:
-            import moviepy, pygame  # noqa: F401
+            import moviepy  # noqa: F401
+            import pygame  # noqa: F401
         except ImportError:
-            raise SystemExit("error: --capture-video: needs moviepy and pygame (pip install moviepy 'gymnasium[classic-control]')")
+            raise SystemExit(
+                "error: --capture-video: needs moviepy and pygame (pip install moviepy 'gymnasium[classic-control]')"
+            )
 
 
 CHECKPOINT_VERSION = 1
-CHECKPOINT_KEYS = {"format_version", "args", "run_name", "wandb_id", "global_step", "iteration", "updates",
-                   "learning_starts_at", "network", "target_network", "optimizer", "rng", "agent", "obs", "reset_step",
-                   "episode_returns", "episode_return", "episode_length", "logs", "action_log", "replay"}
+CHECKPOINT_KEYS = {
+    "format_version",
+    "args",
+    "run_name",
+    "wandb_id",
+    "global_step",
+    "iteration",
+    "updates",
+    "learning_starts_at",
+    "network",
+    "target_network",
+    "optimizer",
+    "rng",
+    "agent",
+    "obs",
+    "reset_step",
+    "episode_returns",
+    "episode_return",
+    "episode_length",
+    "logs",
+    "action_log",
+    "replay",
+}
 
 
 def rng_states():
     """Every random number generator the run draws from (this script owns no np.random.Generator)."""
-    return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
-                cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+    return dict(
+        python=random.getstate(),
+        numpy=np.random.get_state(),
+        torch=torch.get_rng_state(),
+        cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    )
 
 
 def set_rng_states(saved):
@@ -694,8 +780,11 @@ def resumed_args(given, saved):
     """The checkpoint's flags, except the few a resumed run may change; says which other given flags are ignored."""
     kept = ["resume", "checkpoint_every", "cuda", "track"]
     defaults = Args()
-    ignored = [f"--{key.replace('_', '-')}={value}" for key, value in vars(given).items()
-               if key not in kept and value != getattr(defaults, key) and value != saved.get(key)]
+    ignored = [
+        f"--{key.replace('_', '-')}={value}"
+        for key, value in vars(given).items()
+        if key not in kept and value != getattr(defaults, key) and value != saved.get(key)
+    ]
     if ignored:
         print(f"resuming with the checkpoint's flags; ignored: {' '.join(ignored)}")
     return Args(**{**saved, **{key: getattr(given, key) for key in kept}})
@@ -745,9 +834,15 @@ def main(args: Args) -> list[float]:
     if args.track:
         import wandb
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=vars(args), name=run_name, save_code=True,
-                   **(dict(id=checkpoint["wandb_id"], resume="allow") if checkpoint else {}))
+        wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=vars(args),
+            name=run_name,
+            save_code=True,
+            **(dict(id=checkpoint["wandb_id"], resume="allow") if checkpoint else {}),
+        )
         wandb_id = wandb.run.id
     # A resumed run drops the events logged after its checkpoint, which the resumed run logs again.
     writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] if checkpoint else None)
@@ -809,16 +904,25 @@ def main(args: Args) -> list[float]:
     start_step = global_step
     for iteration in range(start_iteration, num_iterations + 1):
         global_step = iteration * args.num_envs
-        base_epsilon = base_epsilon_schedule(global_step, args.total_timesteps, args.start_epsilon,
-                                             args.end_epsilon, args.exploration_fraction)
+        base_epsilon = base_epsilon_schedule(
+            global_step, args.total_timesteps, args.start_epsilon, args.end_epsilon, args.exploration_fraction
+        )
         epsilons = actor_epsilons(args.num_envs, base_epsilon, args.epsilon_alpha, args.end_epsilon)
         state_before = agent.state
         inputs = agent.inputs()
         actions = agent.act(obs, epsilons)
         action_log[iteration - 1] = actions
         next_obs, reward, terminated, truncated, info = envs.step(actions)
-        rb.add(state_before, obs=obs, action=actions, reward=reward, terminated=terminated, truncated=truncated,
-               reset_step=reset_step, **inputs)
+        rb.add(
+            state_before,
+            obs=obs,
+            action=actions,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            reset_step=reset_step,
+            **inputs,
+        )
 
         # Episode return, logged at termination or time-out; reset steps add nothing.
         game_over = terminated | truncated
@@ -844,8 +948,10 @@ def main(args: Args) -> list[float]:
                 envs.close()
                 writer.close()
                 restore_handlers(previous_handlers)
-                raise SystemExit(f"error: non-finite loss or Q-values at step {global_step}; last good checkpoint: "
-                                 f"{checkpoint_path or 'none written'}") from error
+                raise SystemExit(
+                    f"error: non-finite loss or Q-values at step {global_step}; last good checkpoint: "
+                    f"{checkpoint_path or 'none written'}"
+                ) from error
             updates += 1
             logs = (loss, q_values) if logs is None else (logs[0] + loss, logs[1] + q_values)
             if updates % args.log_interval == 0:
@@ -870,17 +976,34 @@ def main(args: Args) -> list[float]:
         every = args.checkpoint_every
         if stop["requested"] or (every > 0 and (global_step % every < args.num_envs or iteration == num_iterations)):
             state = dict(
-                format_version=CHECKPOINT_VERSION, args=vars(args), run_name=run_name, wandb_id=wandb_id,
-                global_step=global_step, iteration=iteration, updates=updates, learning_starts_at=learning_starts_at,
-                network=network.state_dict(), target_network=target_network.state_dict(),
-                optimizer=optimizer.state_dict(), rng=rng_states(), agent=agent.state_dict(), obs=obs,
-                reset_step=reset_step, episode_returns=episode_returns, episode_return=episode_return,
-                episode_length=episode_length, logs=logs, action_log=action_log[:iteration],
-                replay=rb.state_dict() if args.checkpoint_replay else None)
+                format_version=CHECKPOINT_VERSION,
+                args=vars(args),
+                run_name=run_name,
+                wandb_id=wandb_id,
+                global_step=global_step,
+                iteration=iteration,
+                updates=updates,
+                learning_starts_at=learning_starts_at,
+                network=network.state_dict(),
+                target_network=target_network.state_dict(),
+                optimizer=optimizer.state_dict(),
+                rng=rng_states(),
+                agent=agent.state_dict(),
+                obs=obs,
+                reset_step=reset_step,
+                episode_returns=episode_returns,
+                episode_return=episode_return,
+                episode_length=episode_length,
+                logs=logs,
+                action_log=action_log[:iteration],
+                replay=rb.state_dict() if args.checkpoint_replay else None,
+            )
             checkpoint_path = save_checkpoint(state, f"runs/{run_name}/checkpoint.pt")
         if stop["requested"]:
-            print(f"checkpoint written to {checkpoint_path}; resume with: "
-                  f"python cleanrl/{os.path.basename(__file__)} --resume {checkpoint_path}")
+            print(
+                f"checkpoint written to {checkpoint_path}; resume with: "
+                f"python cleanrl/{os.path.basename(__file__)} --resume {checkpoint_path}"
+            )
             break
 
     envs.close()
@@ -889,8 +1012,16 @@ def main(args: Args) -> list[float]:
         model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
         torch.save(network.state_dict(), model_path)
         print(f"model saved to {model_path}")
-        scores = evaluate(model_path, args.env_id, args.eval_episodes, device, args.eval_epsilon, args=args,
-                          capture_video=args.capture_video, run_name=f"{run_name}-eval")
+        scores = evaluate(
+            model_path,
+            args.env_id,
+            args.eval_episodes,
+            device,
+            args.eval_epsilon,
+            args=args,
+            capture_video=args.capture_video,
+            run_name=f"{run_name}-eval",
+        )
         for idx, score in enumerate(scores):
             writer.add_scalar("eval/episodic_return", score, idx)
         print(f"evaluation over {len(scores)} games: mean score {np.mean(scores):.2f}")

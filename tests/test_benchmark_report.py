@@ -136,7 +136,9 @@ def test_atari_game_names_match_the_score_table():
 def test_human_normalized_scores_and_aggregates(runs_dir):
     groups = report.group_runs(report.load_runs([runs_dir]), last_episodes=100)
     env_ids = ["CartPole-v1", "Breakout-v5", "Pong-v5", "MsPacman-v5"]
-    matrices = report.human_normalized_matrices(groups, ["pqn", "pqn_atari_envpool"], env_ids, report.load_human_random_scores())
+    matrices = report.human_normalized_matrices(
+        groups, ["pqn", "pqn_atari_envpool"], env_ids, report.load_human_random_scores()
+    )
     assert list(matrices) == ["pqn_atari_envpool"]  # CartPole is not an Atari game
     games, matrix = matrices["pqn_atari_envpool"]
     assert games == ["Breakout-v5", "Pong-v5", "MsPacman-v5"]

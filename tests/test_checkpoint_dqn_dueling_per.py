@@ -9,13 +9,30 @@ import pytest
 import torch
 
 import cleanrl.dqn_dueling_per as script
-from interrupts import interrupt_at_step
 from cleanrl.dqn_dueling_per import Args, NStepWindow, PrioritizedReplayBuffer, main, replay_memory_bytes
 
-SMALL = dict(total_timesteps=2000, num_envs=4, hidden_size=16, buffer_size=1000, batch_size=32,
-             learning_starts=200, train_frequency=4, target_network_frequency=100)
-TINY_ATARI = dict(env_id="Breakout-v5", total_timesteps=96, num_envs=2, buffer_size=64, batch_size=4,
-                  learning_starts=16, train_frequency=2, target_network_frequency=16)
+from interrupts import interrupt_at_step
+
+SMALL = dict(
+    total_timesteps=2000,
+    num_envs=4,
+    hidden_size=16,
+    buffer_size=1000,
+    batch_size=32,
+    learning_starts=200,
+    train_frequency=4,
+    target_network_frequency=100,
+)
+TINY_ATARI = dict(
+    env_id="Breakout-v5",
+    total_timesteps=96,
+    num_envs=2,
+    buffer_size=64,
+    batch_size=4,
+    learning_starts=16,
+    train_frequency=2,
+    target_network_frequency=16,
+)
 
 
 def only_checkpoint():
@@ -143,8 +160,19 @@ def test_nan_loss_stops_the_run_without_a_broken_checkpoint(tmp_path, monkeypatc
 def test_replay_memory_bytes_matches_the_allocated_arrays():
     rb = PrioritizedReplayBuffer(37, (4,), np.float32, alpha=0.6)  # 37: the trees pad to 64 leaves
     window = NStepWindow(3, 2, (4,), np.float32, gamma=0.99)
-    arrays = (rb.obs, rb.next_obs, rb.actions, rb.returns, rb.discounts, rb.sum_tree.nodes, rb.min_tree.nodes,
-              window.obs, window.actions, window.rewards, window.length)
+    arrays = (
+        rb.obs,
+        rb.next_obs,
+        rb.actions,
+        rb.returns,
+        rb.discounts,
+        rb.sum_tree.nodes,
+        rb.min_tree.nodes,
+        window.obs,
+        window.actions,
+        window.rewards,
+        window.length,
+    )
     estimate = replay_memory_bytes(Args(buffer_size=37, n_step=3, num_envs=2), (4,), np.float32)
     assert estimate == sum(a.nbytes for a in arrays)
     atari = replay_memory_bytes(Args(buffer_size=1_000_000), (4, 84, 84), np.uint8)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cleanrl import iqn, iqn_atari
+
 from interrupts import interrupt_at_step
 
 # CartPole with small nets: learning starts at step 200, one update per iteration of the 4 environments.
@@ -150,9 +151,7 @@ def test_oversized_buffer_is_refused_before_envs_are_built(module, tmp_path, mon
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize(
-    "module, frame_shape, frame_dtype", [(iqn, (4,), np.float32), (iqn_atari, (84, 84), np.uint8)]
-)
+@pytest.mark.parametrize("module, frame_shape, frame_dtype", [(iqn, (4,), np.float32), (iqn_atari, (84, 84), np.uint8)])
 def test_replay_memory_estimate_matches_the_allocated_arrays(module, frame_shape, frame_dtype):
     args = module.Args(buffer_size=1003, num_envs=4)  # 250 slots per environment: 1000 in all
     rb = module.ReplayBuffer(1003, 4, frame_shape, frame_dtype, module.STACK_NUM, "cpu", np.random.default_rng(0))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from cleanrl import pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
+
 from interrupts import interrupt_at_step
 
 # 4 envs x 16 steps: 64 agent steps per iteration, 32 iterations, a periodic checkpoint at 1024 and one at the end.

@@ -8,14 +8,43 @@ import pytest
 import torch
 
 from cleanrl import r2d2, r2d2_atari
+
 from interrupts import interrupt_at_step
 
-TINY = dict(total_timesteps=2000, num_envs=4, learning_starts=300, buffer_size=2000, batch_size=8, seq_len=10,
-            burn_in=4, overlap=4, n_step=3, hidden_size=16, replay_ratio=4.0, target_update_interval=5,
-            log_interval=5, mask_velocity=True, cuda=False)
-TINY_ATARI = dict(env_id="Pong-v5", total_timesteps=320, num_envs=2, learning_starts=100, buffer_size=2000,
-                  batch_size=4, seq_len=8, burn_in=4, overlap=4, n_step=2, hidden_size=32, replay_ratio=1.0,
-                  target_update_interval=2, log_interval=2, cuda=False)
+TINY = dict(
+    total_timesteps=2000,
+    num_envs=4,
+    learning_starts=300,
+    buffer_size=2000,
+    batch_size=8,
+    seq_len=10,
+    burn_in=4,
+    overlap=4,
+    n_step=3,
+    hidden_size=16,
+    replay_ratio=4.0,
+    target_update_interval=5,
+    log_interval=5,
+    mask_velocity=True,
+    cuda=False,
+)
+TINY_ATARI = dict(
+    env_id="Pong-v5",
+    total_timesteps=320,
+    num_envs=2,
+    learning_starts=100,
+    buffer_size=2000,
+    batch_size=4,
+    seq_len=8,
+    burn_in=4,
+    overlap=4,
+    n_step=2,
+    hidden_size=32,
+    replay_ratio=1.0,
+    target_update_interval=2,
+    log_interval=2,
+    cuda=False,
+)
 
 
 def only_checkpoint():

@@ -11,11 +11,26 @@ import pytest
 import torch
 
 from cleanrl import recurrent_iqn, recurrent_iqn_atari
+
 from interrupts import interrupt_at_step
 
-TINY = dict(lstm_size=8, hidden_size=8, quantile_embedding_dim=6, num_quantiles=3, num_target_quantiles=3,
-            num_action_quantiles=3, cuda=False, num_envs=4, buffer_size=400, seq_len=6, batch_size=4,
-            learning_starts=160, target_network_frequency=160, log_interval=2, burn_in=2)
+TINY = dict(
+    lstm_size=8,
+    hidden_size=8,
+    quantile_embedding_dim=6,
+    num_quantiles=3,
+    num_target_quantiles=3,
+    num_action_quantiles=3,
+    cuda=False,
+    num_envs=4,
+    buffer_size=400,
+    seq_len=6,
+    batch_size=4,
+    learning_starts=160,
+    target_network_frequency=160,
+    log_interval=2,
+    burn_in=2,
+)
 
 
 def vector_args(**kw):

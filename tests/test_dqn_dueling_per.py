@@ -16,6 +16,7 @@ from cleanrl.dqn_dueling_per import (
     importance_weights,
     main,
 )
+
 from learning import last_mean, passes_with_one_of
 
 
@@ -158,7 +159,9 @@ def reference_nstep(stream, n, gamma):
                 if len(episode) >= n:
                     t = len(episode) - n
                     ret = sum(gamma**k * episode[t + k]["reward"] for k in range(n))
-                    out.append((float(episode[t]["obs"]), int(episode[t]["action"]), ret, gamma**n, float(episode[-1]["next_obs"])))
+                    out.append(
+                        (float(episode[t]["obs"]), int(episode[t]["action"]), ret, gamma**n, float(episode[-1]["next_obs"]))
+                    )
     return out
 
 
@@ -174,8 +177,15 @@ def test_nstep_window_matches_plain_loop(n):
         real = ~is_reset
         obs = counter + np.arange(num_envs) * 0.001  # unique ids for every observation
         counter += 1
-        step = dict(obs=obs, action=rng.integers(0, 4, num_envs), reward=rng.normal(size=num_envs),
-                    term=term & real, trunc=trunc & real, next_obs=obs + 0.5, real=real)
+        step = dict(
+            obs=obs,
+            action=rng.integers(0, 4, num_envs),
+            reward=rng.normal(size=num_envs),
+            term=term & real,
+            trunc=trunc & real,
+            next_obs=obs + 0.5,
+            real=real,
+        )
         stream.append(step)
         is_reset = step["term"] | step["trunc"]
     window = NStepWindow(n, num_envs, (), np.float64, gamma)
@@ -185,7 +195,10 @@ def test_nstep_window_matches_plain_loop(n):
         got += [(float(x), int(y), float(z), float(w), float(v)) for x, y, z, w, v in zip(o, a, r, d, no)]
     expected = reference_nstep(stream, n, gamma)
     assert len(got) == len(expected) > 100
-    key = lambda t: (t[0], t[4])
+
+    def key(t):
+        return t[0], t[4]
+
     for g, e in zip(sorted(got, key=key), sorted(expected, key=key)):
         assert g[:2] == e[:2] and g[4] == e[4]
         assert g[2] == pytest.approx(e[2]) and g[3] == pytest.approx(e[3])
@@ -195,8 +208,15 @@ def test_nstep_window_truncation_bootstraps_and_termination_does_not():
     w = NStepWindow(2, 2, (), np.float64, gamma=0.5)
     real, no = np.array([True, True]), np.array([False, False])
     w.push(np.array([0.0, 10.0]), np.array([0, 0]), np.array([1.0, 1.0]), no, no, np.array([1.0, 11.0]), real)
-    o, a, r, d, nxt = w.push(np.array([1.0, 11.0]), np.array([1, 1]), np.array([2.0, 2.0]),
-                             np.array([True, False]), np.array([False, True]), np.array([2.0, 12.0]), real)
+    o, a, r, d, nxt = w.push(
+        np.array([1.0, 11.0]),
+        np.array([1, 1]),
+        np.array([2.0, 2.0]),
+        np.array([True, False]),
+        np.array([False, True]),
+        np.array([2.0, 12.0]),
+        real,
+    )
     got = sorted(zip(o.tolist(), r.tolist(), d.tolist(), nxt.tolist()))
     # env 0 terminates: no bootstrap; env 1 times out: bootstrap from its final obs 12.
     assert got == [(0.0, 2.0, 0.0, 2.0), (1.0, 2.0, 0.0, 2.0), (10.0, 2.0, 0.25, 12.0), (11.0, 2.0, 0.5, 12.0)]
@@ -256,8 +276,16 @@ def test_bad_flags_stop_with_a_clear_error(overrides, flag):
 
 def test_smoke_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = Args(total_timesteps=3000, learning_starts=500, buffer_size=1000, batch_size=32,
-                num_envs=4, train_frequency=4, save_model=True, eval_episodes=2)
+    args = Args(
+        total_timesteps=3000,
+        learning_starts=500,
+        buffer_size=1000,
+        batch_size=32,
+        num_envs=4,
+        train_frequency=4,
+        save_model=True,
+        eval_episodes=2,
+    )
     scores = main(args)
     assert isinstance(scores, list) and len(scores) > 50
     assert all(math.isfinite(s) and 8 <= s <= 500 for s in scores)  # CartPole scores

@@ -1,7 +1,6 @@
 """Tests of cleanrl/iqn.py and cleanrl/iqn_atari.py: loss, embedding, frame-once replay, smoke runs, learning."""
 
 import math
-import os
 
 import envpool
 import numpy as np
@@ -9,6 +8,7 @@ import pytest
 import torch
 
 from cleanrl import iqn, iqn_atari
+
 from learning import last_mean, passes_with_one_of
 
 SCRIPTS = [iqn, iqn_atari]

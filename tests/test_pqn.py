@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cleanrl import pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
+
 from learning import last_mean, passes_with_one_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,7 +163,9 @@ def test_reset_steps_never_enter_the_loss(monkeypatch, tmp_path):
 
     monkeypatch.setattr(pqn, "fold_reset_steps", spy)
     monkeypatch.setattr(
-        pqn, "make_env", lambda env_id, num_envs, seed: ScriptedPool([[(5, "term", 1)], [(3, "trunc", 1)]], (4,), dtype=np.float32)
+        pqn,
+        "make_env",
+        lambda env_id, num_envs, seed: ScriptedPool([[(5, "term", 1)], [(3, "trunc", 1)]], (4,), dtype=np.float32),
     )
     args = pqn.Args(env_id="CartPole-v1", total_timesteps=2 * 40, num_envs=2, num_steps=20, num_minibatches=2)
     scores = pqn.main(args)
@@ -238,7 +241,11 @@ def test_atari_evaluate_plays_full_games(monkeypatch, tmp_path):
         path = tmp_path / "model.pt"
         torch.save(model.state_dict(), path)
         episodes = [[(30, "term", 3)], [(20, "trunc", 2)]]
-        monkeypatch.setattr(module, "make_env", lambda *a, **k: ScriptedPool(episodes, (1 if module is pqn_atari_envpool_lstm else 4, 84, 84), 4))
+        monkeypatch.setattr(
+            module,
+            "make_env",
+            lambda *a, **k: ScriptedPool(episodes, (1 if module is pqn_atari_envpool_lstm else 4, 84, 84), 4),
+        )
         scores = module.evaluate(str(path), "Breakout-v5", 2, torch.device("cpu"))
         assert sorted(scores) == [210.0, 465.0]
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from cleanrl import r2d2, r2d2_atari
+
 from learning import last_mean, passes_with_one_of
 
 MODULES = [r2d2, r2d2_atari]
@@ -80,8 +81,17 @@ def fill(module, num_envs=3, steps=400, seq_len=8, burn_in=3, overlap=3, n_step=
         done = (rng.random(num_envs) < done_prob) & ~is_reset
         terminated = done & (rng.random(num_envs) < 0.5)
         state = np.repeat((1 + t + np.arange(num_envs) / 10)[:, None], 4, axis=1).astype(np.float32)
-        rb.add(episode[:, None].astype(dtype), rng.integers(2, size=num_envs), rng.random(num_envs),
-               terminated, done & ~terminated, is_first, is_reset, state, state)
+        rb.add(
+            episode[:, None].astype(dtype),
+            rng.integers(2, size=num_envs),
+            rng.random(num_envs),
+            terminated,
+            done & ~terminated,
+            is_first,
+            is_reset,
+            state,
+            state,
+        )
         for e in np.flatnonzero(~is_reset):
             steps_of.setdefault(int(episode[e]), (e, []))[1].append(t)
         episode = episode + is_reset  # the step after a reset step starts the next episode
@@ -184,10 +194,20 @@ def test_n_step_double_q_targets_by_hand():
     done[3] = True  # both sequences: the episode ends after position 3 ...
     terminated[3, 1] = True  # ... by time-out in sequence 0, by termination in sequence 1
     valid = torch.arange(W)[:, None].expand(W, 2) <= 4  # position 4 holds the final observation
-    batch = dict(obs=obs, actions=torch.zeros(W, 2, dtype=torch.long), rewards=rewards * valid, done=done,
-                 terminated=terminated, valid=valid, is_reset=torch.zeros(W, 2, dtype=torch.bool),
-                 prev_action=torch.zeros(W, 2, dtype=torch.long), prev_reward=torch.zeros(W, 2),
-                 is_first=torch.zeros(W, 2, dtype=torch.bool), h=torch.zeros(2, 1), c=torch.zeros(2, 1))
+    batch = dict(
+        obs=obs,
+        actions=torch.zeros(W, 2, dtype=torch.long),
+        rewards=rewards * valid,
+        done=done,
+        terminated=terminated,
+        valid=valid,
+        is_reset=torch.zeros(W, 2, dtype=torch.bool),
+        prev_action=torch.zeros(W, 2, dtype=torch.long),
+        prev_reward=torch.zeros(W, 2),
+        is_first=torch.zeros(W, 2, dtype=torch.bool),
+        h=torch.zeros(2, 1),
+        c=torch.zeros(2, 1),
+    )
     batch["is_reset"][4] = True
     online, target = LookupNet([1.0, -1.0]), LookupNet([3.0, 10.0])  # online picks action 0, target rates it 3 obs
     td, mask, q_taken = r2d2.sequence_td_errors(online, target, batch, burn_in, seq_len, n, gamma)
@@ -229,9 +249,24 @@ def test_priorities_of_sampled_sequences_change_after_an_update():
 # ---------------------------------------------------------------- runs and flags
 def test_smoke_r2d2(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = r2d2.Args(total_timesteps=3000, num_envs=4, learning_starts=500, buffer_size=4000, batch_size=8,
-                     seq_len=10, burn_in=4, overlap=4, n_step=3, hidden_size=16, replay_ratio=4.0,
-                     target_update_interval=5, log_interval=5, mask_velocity=True, save_model=True, eval_episodes=2)
+    args = r2d2.Args(
+        total_timesteps=3000,
+        num_envs=4,
+        learning_starts=500,
+        buffer_size=4000,
+        batch_size=8,
+        seq_len=10,
+        burn_in=4,
+        overlap=4,
+        n_step=3,
+        hidden_size=16,
+        replay_ratio=4.0,
+        target_update_interval=5,
+        log_interval=5,
+        mask_velocity=True,
+        save_model=True,
+        eval_episodes=2,
+    )
     scores = r2d2.main(args)
     assert isinstance(scores, list) and len(scores) > 10 and all(np.isfinite(scores))
     assert glob.glob("runs/CartPole-v1__r2d2__1__*/events.out.tfevents.*")
@@ -240,9 +275,22 @@ def test_smoke_r2d2(tmp_path, monkeypatch):
 
 def test_smoke_r2d2_atari(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = r2d2_atari.Args(env_id="Pong-v5", total_timesteps=480, num_envs=2, learning_starts=200,
-                           buffer_size=2000, batch_size=4, seq_len=8, burn_in=4, overlap=4, n_step=2, hidden_size=32,
-                           replay_ratio=2.0, target_update_interval=2, log_interval=2)
+    args = r2d2_atari.Args(
+        env_id="Pong-v5",
+        total_timesteps=480,
+        num_envs=2,
+        learning_starts=200,
+        buffer_size=2000,
+        batch_size=4,
+        seq_len=8,
+        burn_in=4,
+        overlap=4,
+        n_step=2,
+        hidden_size=32,
+        replay_ratio=2.0,
+        target_update_interval=2,
+        log_interval=2,
+    )
     scores = r2d2_atari.main(args)
     assert isinstance(scores, list) and all(np.isfinite(scores))
     assert glob.glob("runs/Pong-v5__r2d2_atari__1__*/events.out.tfevents.*")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cleanrl import recurrent_iqn, recurrent_iqn_atari
+
 from learning import last_mean, passes_with_one_of
 
 MODULES = [recurrent_iqn_atari, recurrent_iqn]
@@ -70,8 +71,16 @@ def test_actor_epsilons_and_base_schedule(module):
 
 
 def small_args(module, **kw):
-    base = dict(lstm_size=8, hidden_size=8, quantile_embedding_dim=6, num_quantiles=3, num_target_quantiles=3,
-                num_action_quantiles=3, cuda=False, burn_in=0)  # tiny sequences: shorter than the vector default burn-in
+    base = dict(
+        lstm_size=8,
+        hidden_size=8,
+        quantile_embedding_dim=6,
+        num_quantiles=3,
+        num_target_quantiles=3,
+        num_action_quantiles=3,
+        cuda=False,
+        burn_in=0,
+    )  # tiny sequences: shorter than the vector default burn-in
     if module is recurrent_iqn:
         base.update(mask_velocity=True)
     return module.Args(**{**base, **kw})
@@ -173,11 +182,19 @@ def fill_replay(module, args, steps, reset_at=()):
     N = args.num_envs
     for t in range(steps):
         done = np.full(N, t + 1 in reset_at)
-        rb.add((torch.full((N, args.lstm_size), float(t)), torch.full((N, args.lstm_size), -float(t))),
-               obs=np.full((N, 2), t, np.float32), action=np.full(N, t % 3), reward=np.full(N, 1.0),
-               terminated=np.zeros(N, bool), truncated=done, reset_step=np.full(N, t in reset_at),
-               episode_start=np.full(N, t - 1 in reset_at), last_action=np.full(N, -1),
-               last_reward=np.zeros(N), timestep=np.zeros(N))
+        rb.add(
+            (torch.full((N, args.lstm_size), float(t)), torch.full((N, args.lstm_size), -float(t))),
+            obs=np.full((N, 2), t, np.float32),
+            action=np.full(N, t % 3),
+            reward=np.full(N, 1.0),
+            terminated=np.zeros(N, bool),
+            truncated=done,
+            reset_step=np.full(N, t in reset_at),
+            episode_start=np.full(N, t - 1 in reset_at),
+            last_action=np.full(N, -1),
+            last_reward=np.zeros(N),
+            timestep=np.zeros(N),
+        )
     return rb
 
 
@@ -231,10 +248,24 @@ def test_reset_step_is_never_trained_on():
     assert loss_with(0, 1.0, action_at_2=1) != pytest.approx(base, rel=1e-6)  # a real step does count
 
 
-SMOKE = dict(total_timesteps=400, num_envs=4, buffer_size=400, seq_len=6, batch_size=4, learning_starts=160,
-             target_network_frequency=160, log_interval=2)
-OPTIONS = [{}, dict(prioritized_replay=True), dict(value_rescaling=True), dict(burn_in=2), dict(iqn_before_lstm=True),
-           dict(save_model=True, eval_episodes=2)]
+SMOKE = dict(
+    total_timesteps=400,
+    num_envs=4,
+    buffer_size=400,
+    seq_len=6,
+    batch_size=4,
+    learning_starts=160,
+    target_network_frequency=160,
+    log_interval=2,
+)
+OPTIONS = [
+    {},
+    dict(prioritized_replay=True),
+    dict(value_rescaling=True),
+    dict(burn_in=2),
+    dict(iqn_before_lstm=True),
+    dict(save_model=True, eval_episodes=2),
+]
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(o) or "default")
@@ -242,8 +273,11 @@ OPTIONS = [{}, dict(prioritized_replay=True), dict(value_rescaling=True), dict(b
 def test_smoke(module, options, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     extra = dict(max_episode_steps=80) if module is recurrent_iqn_atari else {}  # every env ends a game
-    returns = module.main(small_args(module, env_id="Breakout-v5" if module is recurrent_iqn_atari else "CartPole-v1",
-                                     **SMOKE, **extra, **options))
+    returns = module.main(
+        small_args(
+            module, env_id="Breakout-v5" if module is recurrent_iqn_atari else "CartPole-v1", **SMOKE, **extra, **options
+        )
+    )
     assert isinstance(returns, list) and len(returns) > 0 and all(math.isfinite(r) for r in returns)
     assert len(glob.glob("runs/*/events.out.tfevents.*")) == 1
     if options.get("save_model"):
