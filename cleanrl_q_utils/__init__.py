@@ -1,0 +1,1 @@
+"""Shared run plumbing of the cleanrl-q scripts (cleanrl/); see plumbing.py."""

@@ -1,0 +1,364 @@
+"""Run plumbing shared by the scripts in cleanrl/: nothing in this file is reinforcement learning.
+
+A script imports from here what every script does the same way and no reader of the algorithm needs to see:
+clear flag errors, seeding and device, the run directory with TensorBoard (and W&B), the progress line, true
+episode scores, checkpoints with signal handling and the NaN stop, and the rendering environment for videos.
+What a run saves, and how its loop works, stays in the script.
+
+The life of a run, as a script's `main` writes it:
+
+    args, checkpoint = resume(args, __file__, CHECKPOINT_FORMAT)  # --resume: the checkpoint and its flags
+    validate_args(args)                                    # the script's own checks, before anything is built
+    with Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:  # run dir, logs, SIGINT/SIGTERM handlers
+        ...build envs, networks, buffers...
+        def checkpoint_state(): return {...}                # everything a resumed run needs, listed once
+        saved = run.restore(checkpoint_state()) if checkpoint else None
+        for ...:
+            ...
+            if run.checkpoint_or_stop(global_step, steps_this_iteration, is_last, checkpoint_state):
+                break
+"""
+
+import os
+import random
+import signal
+import time
+from collections import deque
+from dataclasses import fields, replace
+from typing import Callable, NoReturn, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+# Flags a resumed run takes from its command line; every other flag comes from the checkpoint.
+RESUME_FLAGS = ("resume", "checkpoint_every", "cuda", "track")
+
+
+def flag_error(flag: str, value, allowed: str) -> NoReturn:
+    """Stops the run with one line that names the flag, its value and what is allowed."""
+    raise SystemExit(f"error: --{flag.replace('_', '-')}={value}: {allowed}")
+
+
+def check_flags(checks: list[tuple[str, object, bool, str]]) -> None:
+    """`checks` holds (flag, value, ok, allowed) rows; the first row that is not ok stops the run."""
+    for flag, value, ok, allowed in checks:
+        if not ok:
+            flag_error(flag, value, allowed)
+
+
+def check_env_id(env_id: str):
+    """The envpool spec of `env_id`, after checking that envpool knows it and that its actions are discrete."""
+    import envpool
+
+    if env_id not in envpool.list_all_envs():
+        flag_error("env_id", env_id, "not an envpool environment id (e.g. CartPole-v1, Breakout-v5)")
+    spec = envpool.make_spec(env_id)
+    if not isinstance(spec.action_space, gym.spaces.Discrete):
+        flag_error("env_id", env_id, f"has a {type(spec.action_space).__name__} action space; discrete actions needed")
+    return spec
+
+
+def available_memory_bytes() -> int:
+    """RAM the kernel says can be allocated without swapping (MemAvailable), else the free pages."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_memory(needed_bytes: int, what: str, flags: str) -> None:
+    """Stops before allocating when `what` (e.g. "the replay") would not fit in the available RAM; `flags` names the
+    flags and values that set its size, e.g. "--buffer-size=1000000"."""
+    available = available_memory_bytes()
+    if needed_bytes > available:
+        raise SystemExit(
+            f"error: {flags}: {what} needs about {needed_bytes / 1e9:,.1f} GB but {available / 1e9:,.1f} GB are "
+            "available; lower it"
+        )
+
+
+def seed_everything(seed: int, torch_deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = torch_deterministic
+
+
+def pick_device(cuda: bool, cpu_threads: Optional[int] = None) -> torch.device:
+    """CUDA when asked for and present, else the CPU with `cpu_threads` intra-op threads (None: torch's default).
+    Small networks run faster on one thread: more threads only add synchronization to every call."""
+    device = torch.device("cuda" if cuda and torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and cpu_threads is not None:
+        torch.set_num_threads(cpu_threads)
+    return device
+
+
+class EpisodeStats:
+    """True game scores of vectorized envs: rewards summed over whole episodes (unclipped, time-outs included).
+    envpool's reset step (the step after an episode end, which only resets) counts toward no episode."""
+
+    def __init__(self, num_envs: int, window: int = 100):
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+        self.scores: list[float] = []  # every finished episode, in order
+        self.recent = deque(maxlen=window)
+
+    def update(self, reward, is_reset_step, episode_over, writer=None, global_step: int = 0) -> list[tuple[float, int]]:
+        """Adds one vectorized step; logs and returns (score, length) of every episode that ended with it."""
+        self.returns += np.where(is_reset_step, 0.0, reward)
+        self.lengths += ~is_reset_step
+        finished = [(float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(episode_over)]
+        self.returns[episode_over], self.lengths[episode_over] = 0.0, 0
+        for score, length in finished:
+            self.scores.append(score)
+            self.recent.append(score)
+            if writer is not None:
+                writer.add_scalar("charts/episodic_return", score, global_step)
+                writer.add_scalar("charts/episodic_length", length, global_step)
+        return finished
+
+    def state_dict(self) -> dict:
+        return {"returns": self.returns.copy(), "lengths": self.lengths.copy(), "scores": list(self.scores)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.returns[:], self.lengths[:], self.scores[:] = state["returns"], state["lengths"], state["scores"]
+        self.recent.clear()
+        self.recent.extend(self.scores[-self.recent.maxlen :])
+
+
+class Progress:
+    """The console line of a long run, at most every `interval` seconds: steps, SPS, recent return, time left."""
+
+    def __init__(self, total_timesteps: int, start_step: int, interval: float = 10.0):
+        self.total, self.start_step, self.interval = total_timesteps, start_step, interval
+        self.start_time = self.last_print = time.time()
+
+    def sps(self, global_step: int) -> int:
+        return int((global_step - self.start_step) / max(time.time() - self.start_time, 1e-9))
+
+    def print(self, global_step: int, recent_scores, force: bool = False) -> None:
+        if not force and time.time() - self.last_print < self.interval:
+            return
+        self.last_print = time.time()
+        sps, mean = self.sps(global_step), np.mean(recent_scores) if len(recent_scores) else float("nan")
+        eta = time.strftime("%H:%M:%S", time.gmtime((self.total - global_step) / max(sps, 1)))
+        print(f"step {global_step:>9}/{self.total} | SPS {sps:>6} | return(100) {mean:8.2f} | ETA {eta}")
+
+
+def resume(given, script: str, checkpoint_format: int):
+    """(args, checkpoint) of a run: `given` unchanged and no checkpoint, or with --resume the checkpoint and its flags,
+    except RESUME_FLAGS, which come from the command line. Names the given flags that the checkpoint overrides.
+    `script` is the path of the script (`__file__`); a checkpoint of another script or format stops the run."""
+    if given.resume is None:
+        return given, None
+    if not os.path.isfile(given.resume):
+        flag_error("resume", given.resume, "no such file")
+    try:  # not weights_only: a checkpoint holds numpy arrays and RNG states
+        checkpoint = torch.load(given.resume, map_location="cpu", weights_only=False)
+        names = {field.name for field in fields(given)}
+        if not isinstance(checkpoint, dict) or checkpoint.get("script") != os.path.basename(script):
+            raise ValueError(f"not written by {os.path.basename(script)}")
+        if checkpoint.get("format") != checkpoint_format or set(checkpoint["args"]) != names:
+            raise ValueError(f"format {checkpoint.get('format')}, expected {checkpoint_format}")
+    except Exception as error:
+        flag_error("resume", given.resume, f"not a readable checkpoint ({type(error).__name__}: {error})")
+    saved, defaults = checkpoint["args"], type(given)()
+    for name in names - set(RESUME_FLAGS):
+        value = getattr(given, name)
+        if value != saved[name] and value != getattr(defaults, name):
+            print(f"resume: ignoring --{name.replace('_', '-')}={value}; the checkpoint's value is {saved[name]}")
+    return replace(type(given)(**saved), **{name: getattr(given, name) for name in RESUME_FLAGS}), checkpoint
+
+
+def state_of(value):
+    """What a checkpoint stores of one entry of a script's checkpoint state."""
+    if hasattr(value, "state_dict"):  # networks, optimizers, buffers, EpisodeStats
+        return value.state_dict()
+    if isinstance(value, np.random.Generator):
+        return value.bit_generator.state
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return value.copy() if isinstance(value, np.ndarray) else value.detach().cpu().clone()
+    return list(value) if isinstance(value, (list, deque)) else value
+
+
+def load_into(value, saved) -> None:
+    """Restores one entry of a script's checkpoint state in place; plain numbers are left to the script."""
+    if hasattr(value, "load_state_dict"):
+        value.load_state_dict(saved)
+    elif isinstance(value, np.random.Generator):
+        value.bit_generator.state = saved
+    elif isinstance(value, np.ndarray):
+        value[: len(saved)] = saved  # a log may be saved only up to the steps done
+    elif isinstance(value, torch.Tensor):
+        value.copy_(saved)
+    elif isinstance(value, (list, deque)):
+        value.clear()
+        value.extend(saved)
+
+
+def rng_states() -> dict:
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def fast_forward(envs, action_log: np.ndarray, expected_obs: np.ndarray, action_dtype=np.int64) -> np.ndarray:
+    """Brings just reset envs back to a checkpoint's state: envpool cannot save its state, but it is deterministic
+    given its seed and the actions. Steps through every logged action; returns the last observation."""
+    print(f"resume: replaying {len(action_log)} logged environment steps")
+    obs = None
+    for actions in action_log:
+        obs = envs.step(actions.astype(action_dtype))[0]
+    if obs is not None and not np.array_equal(obs, expected_obs):
+        raise SystemExit("error: the environment replay diverged from the checkpoint (another envpool version or env id?)")
+    return expected_obs if obs is None else obs
+
+
+class Run:
+    """One training run: name and directory, TensorBoard writer (synced to W&B with --track), the SIGINT/SIGTERM
+    handlers, and its checkpoints. Use it as a context manager: leaving the block, however, restores the previous
+    signal handlers and closes the logs (tests call `main` in-process, so handlers must not leak)."""
+
+    def __init__(self, args, checkpoint: Optional[dict], script: str, checkpoint_format: int):
+        self.args, self.checkpoint, self.format = args, checkpoint, checkpoint_format
+        self.script = os.path.basename(script)
+        self.name = (
+            checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        )
+        self.dir, self.last_checkpoint = f"runs/{self.name}", args.resume
+        self.checkpoint_path = f"{self.dir}/checkpoint.pt"
+        self.wandb_id = checkpoint["wandb_id"] if checkpoint else None
+        if args.track:
+            import wandb
+
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=vars(args),
+                name=self.name,
+                save_code=True,
+                id=self.wandb_id,
+                resume="allow",
+            )
+            self.wandb_id = wandb.run.id
+        # Everything up to the checkpoint's step was logged before it was written; what the interrupted run logged
+        # after it is dropped, so that the resumed run does not log those steps twice.
+        self.writer = SummaryWriter(self.dir, purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+        if checkpoint is None:
+            rows = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
+        self.stop_requested = self.stopped = False
+        self.previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def _on_signal(self, signum, frame):
+        if self.stop_requested:  # a second signal: exit at once
+            self.restore_handlers()
+            raise KeyboardInterrupt
+        self.stop_requested = True
+        print("stopping after this step, with a checkpoint; a second signal exits at once")
+
+    def restore_handlers(self) -> None:
+        for sig, handler in self.previous_handlers.items():
+            signal.signal(sig, handler)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.restore_handlers()
+        self.writer.close()
+        if self.args.track:
+            import wandb
+
+            wandb.finish()
+
+    def restore(self, state: dict) -> dict:
+        """Loads the checkpoint into `state` (the script's checkpoint state) in place, then the random generators
+        (last: building the networks and envs drew from them). Returns the saved entries, for the plain numbers."""
+        saved = self.checkpoint["state"]
+        if set(saved) != set(state):
+            flag_error("resume", self.args.resume, f"holds {sorted(saved)}, expected {sorted(state)}")
+        for key, value in state.items():
+            load_into(value, saved[key])
+        set_rng_states(self.checkpoint["rng"])
+        print(f"resume: continuing {self.name} from step {self.checkpoint['global_step']}")
+        return saved
+
+    def save(self, global_step: int, state: dict) -> str:
+        """Writes beside the previous checkpoint, then renames over it: a crash while writing leaves that one whole."""
+        checkpoint = {
+            "format": self.format,
+            "script": self.script,
+            "args": vars(self.args),
+            "run_name": self.name,
+            "wandb_id": self.wandb_id,
+            "global_step": global_step,
+            "rng": rng_states(),
+            "state": {k: state_of(v) for k, v in state.items()},
+        }
+        torch.save(checkpoint, self.checkpoint_path + ".tmp")
+        os.replace(self.checkpoint_path + ".tmp", self.checkpoint_path)
+        self.last_checkpoint = self.checkpoint_path
+        return self.checkpoint_path
+
+    def checkpoint_or_stop(self, global_step: int, steps: int, last: bool, state: Callable[[], dict]) -> bool:
+        """Call once at the end of every iteration, after its logging, with the `steps` it took. Writes a checkpoint
+        when global_step crossed a multiple of --checkpoint-every, at the last iteration (if checkpointing), or when
+        a signal asked to stop; returns True when the loop must stop."""
+        every, stopping = self.args.checkpoint_every, self.stop_requested  # read once: a later signal waits a step
+        crossed = every > 0 and global_step // every > (global_step - steps) // every
+        if crossed or stopping or (every > 0 and last):
+            self.save(global_step, state())
+        if stopping:
+            self.stopped = True
+            print(
+                f"checkpoint written to {self.checkpoint_path}; continue the run with:\n"
+                f"  python cleanrl/{self.script} --resume {self.checkpoint_path}"
+            )
+        return stopping
+
+    def clip_grad_norm(self, parameters, max_norm: float, global_step: int, **kwargs) -> torch.Tensor:
+        """The gradient clip and the one NaN stop: a NaN or inf in the loss or the Q-values reaches the gradient norm,
+        so the run stops here, before the optimizer step spreads it into the weights, naming the last good checkpoint."""
+        try:
+            return torch.nn.utils.clip_grad_norm_(parameters, max_norm, error_if_nonfinite=True, **kwargs)
+        except RuntimeError:
+            raise SystemExit(
+                f"error: non-finite loss or Q-values at step {global_step}; last good checkpoint: "
+                f"{self.last_checkpoint or 'none written'}"
+            ) from None
+
+
+def make_video_env(env_id: str, run_name: str, frame_stack: int = 4, max_episode_steps: Optional[int] = None):
+    """A recording gymnasium env for --capture-video (envpool does not render): for Atari ids, ale-py's env with the
+    training preprocessing (NOOP starts, 4-frame skip, 84x84 grayscale, `frame_stack` frames); else gymnasium's own."""
+    try:
+        import moviepy  # noqa: F401  (RecordVideo writes through it)
+
+        if env_id.endswith("-v5"):
+            import ale_py
+
+            gym.register_envs(ale_py)
+    except ImportError as error:
+        raise SystemExit(f"error: --capture-video: needs the video extra (pip install -e '.[video]'): {error}") from None
+    if not env_id.endswith("-v5"):
+        return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"videos/{run_name}", lambda _: True)
+    frames = {} if max_episode_steps is None else {"max_num_frames_per_episode": 4 * max_episode_steps}
+    env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array", **frames)
+    env = gym.wrappers.RecordVideo(env, f"videos/{run_name}", episode_trigger=lambda _: True)
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False)
+    return gym.wrappers.FrameStackObservation(env, frame_stack) if frame_stack > 1 else env
