@@ -8,12 +8,7 @@ Paper: Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning" (arX
 Docs: docs/rl-algorithms/pqn.md
 """
 
-import math
 import os
-import random
-import signal
-import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,7 +18,21 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from torch.utils.tensorboard import SummaryWriter
+
+from cleanrl_q_utils.flat_radam import RAdam, flatten_parameters
+from cleanrl_q_utils.plumbing import (
+    EpisodeStats,
+    Progress,
+    Run,
+    check_env_id,
+    check_flags,
+    check_memory,
+    fast_forward,
+    make_video_env,
+    pick_device,
+    resume,
+    seed_everything,
+)
 
 
 @dataclass
@@ -83,18 +92,6 @@ class Args:
     """continue the run saved in this checkpoint, in the same run directory (and W&B run)"""
 
 
-def available_memory_bytes() -> int:
-    """RAM the kernel says can be allocated without swapping (MemAvailable), else the free pages."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> int:
     """Bytes of the rollout storage `main` allocates: (num_steps, num_envs) observations, then per step an int64
     action, float32 reward, termination and max-Q, and a bool reset flag."""
@@ -105,41 +102,24 @@ def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> i
 
 def validate_args(args: Args) -> None:
     """Stops with one clear message on flags that cannot work, before anything is built."""
-    if args.env_id not in envpool.list_all_envs():
-        raise SystemExit(f"error: --env-id={args.env_id}: not an envpool environment (e.g. CartPole-v1, Acrobot-v1)")
-    action_space = envpool.make_spec(args.env_id).action_space
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise SystemExit(
-            f"error: --env-id={args.env_id}: has a {type(action_space).__name__} action space; PQN needs discrete actions"
-        )
-    for flag in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes"):
-        if getattr(args, flag) < 1:
-            raise SystemExit(f"error: --{flag.replace('_', '-')}={getattr(args, flag)}: must be at least 1")
+    spec = check_env_id(args.env_id)
+    positive = ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes")
+    check_flags([(flag, getattr(args, flag), getattr(args, flag) >= 1, "must be at least 1") for flag in positive])
     batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        raise SystemExit(f"error: --num-minibatches={args.num_minibatches}: must divide num_envs * num_steps = {batch_size}")
-    if args.total_timesteps < batch_size:
-        raise SystemExit(
-            f"error: --total-timesteps={args.total_timesteps}: must be at least num_envs * num_steps = {batch_size}"
-        )
-    if not 0.0 <= args.q_lambda <= 1.0:
-        raise SystemExit(f"error: --q-lambda={args.q_lambda}: must lie in [0, 1]")
-    if not 0.0 <= args.gamma <= 1.0:
-        raise SystemExit(f"error: --gamma={args.gamma}: must lie in [0, 1]")
-    if not 0.0 < args.exploration_fraction <= 1.0:
-        raise SystemExit(f"error: --exploration-fraction={args.exploration_fraction}: must lie in (0, 1]")
-    if args.checkpoint_every < 0:
-        raise SystemExit(f"error: --checkpoint-every={args.checkpoint_every}: must be at least 0 (0: only on a signal)")
-    if args.resume is not None and not os.path.isfile(args.resume):
-        raise SystemExit(f"error: --resume={args.resume}: no such file")
+    batch = f"num_envs * num_steps = {batch_size}"
+    check_flags(
+        [
+            ("num_minibatches", args.num_minibatches, batch_size % args.num_minibatches == 0, f"must divide {batch}"),
+            ("total_timesteps", args.total_timesteps, args.total_timesteps >= batch_size, f"must be at least {batch}"),
+            ("q_lambda", args.q_lambda, 0.0 <= args.q_lambda <= 1.0, "must lie in [0, 1]"),
+            ("gamma", args.gamma, 0.0 <= args.gamma <= 1.0, "must lie in [0, 1]"),
+            ("exploration_fraction", args.exploration_fraction, 0.0 < args.exploration_fraction <= 1.0, "must lie in (0, 1]"),
+            ("checkpoint_every", args.checkpoint_every, args.checkpoint_every >= 0, "must be >= 0 (0: only on a signal)"),
+        ]
+    )
     # Observations are stored as float32 whatever the env's dtype (see `main`).
-    needed = rollout_memory_bytes(args, envpool.make_spec(args.env_id).observation_space.shape, np.float32)
-    available = available_memory_bytes()
-    if needed > available:
-        raise SystemExit(
-            f"error: --num-envs={args.num_envs} --num-steps={args.num_steps}: the rollout storage needs about "
-            f"{needed / 1e9:,.1f} GB but {available / 1e9:,.1f} GB are available; lower --num-envs or --num-steps"
-        )
+    needed = rollout_memory_bytes(args, spec.observation_space.shape, np.float32)
+    check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
@@ -169,65 +149,6 @@ class QNetwork(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.network(x)
-
-
-def flatten_parameters(module: nn.Module) -> nn.Parameter:
-    """Moves the parameters of `module`, and their gradients, into one contiguous tensor each, and returns it as a
-    single parameter for the optimizer and the gradient clip.
-
-    The layers keep working on views of the flat tensor, and backward accumulates into views of its gradient, so
-    training is unchanged; but RAdam and the clip now run a few kernels on one tensor instead of a loop over ten
-    small ones. With the RAdam below, an update on a CPU costs a third less (docs/rl-algorithms/pqn.md).
-    """
-    params = list(module.parameters())
-    flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in params]))
-    flat.grad = torch.zeros_like(flat)
-    offset = 0
-    for p in params:
-        p.data = flat.data[offset : offset + p.numel()].view_as(p)
-        p.grad = flat.grad[offset : offset + p.numel()].view_as(p)
-        offset += p.numel()
-    return flat
-
-
-class RAdam:
-    """RAdam (Liu et al. 2020) for one flat parameter, with torch.optim.RAdam's defaults and update rule.
-
-    Written out because for a network this small torch.optim costs more than the math: its per-step bookkeeping,
-    and the import of torch._dynamo (seconds) when the first optimizer is built. A short run notices both.
-    """
-
-    def __init__(self, param: torch.Tensor, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
-        self.param, self.lr, self.betas, self.eps = param, lr, betas, eps
-        self.steps = 0
-        self.exp_avg = torch.zeros_like(param)  # first moment m
-        self.exp_avg_sq = torch.zeros_like(param)  # second moment v
-
-    @torch.no_grad()
-    def step(self) -> None:
-        beta1, beta2 = self.betas
-        grad = self.param.grad
-        self.steps += 1
-        self.exp_avg.lerp_(grad, 1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        bias_correction1, bias_correction2 = 1 - beta1**self.steps, 1 - beta2**self.steps
-        # Length of the approximated simple moving average; the adaptive step is used once its variance is finite.
-        rho_inf = 2 / (1 - beta2) - 1
-        rho = rho_inf - 2 * self.steps * beta2**self.steps / bias_correction2
-        if rho > 5.0:
-            rect = math.sqrt((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho))
-            denom = self.exp_avg_sq.sqrt().add_(self.eps)
-            self.param.addcdiv_(self.exp_avg, denom, value=-self.lr * rect * math.sqrt(bias_correction2) / bias_correction1)
-        else:  # early steps: bias-corrected momentum SGD
-            self.param.add_(self.exp_avg, alpha=-self.lr / bias_correction1)
-
-    def state_dict(self) -> dict:
-        return {"lr": self.lr, "steps": self.steps, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.lr, self.steps = state["lr"], state["steps"]
-        self.exp_avg.copy_(state["exp_avg"])
-        self.exp_avg_sq.copy_(state["exp_avg_sq"])
 
 
 def linear_schedule(start: float, end: float, duration: float, t: np.ndarray) -> np.ndarray:
@@ -269,23 +190,24 @@ def fold_reset_steps(
     return rewards, next_dones
 
 
-class EpisodeStats:
-    """True per-episode scores of vectorized envs: summed rewards over the whole episode, time-outs included."""
-
-    def __init__(self, num_envs: int, window: int = 100):
-        self.returns = np.zeros(num_envs, dtype=np.float64)
-        self.lengths = np.zeros(num_envs, dtype=np.int64)
-        self.recent = deque(maxlen=window)
-
-    def update(self, reward: np.ndarray, is_reset_step: np.ndarray, episode_over: np.ndarray) -> list[tuple[float, int]]:
-        """Adds one vectorized step; returns (score, length) of every episode that ended with it."""
-        self.returns += reward
-        self.lengths += ~is_reset_step
-        finished = [(float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(episode_over)]
-        self.returns[episode_over] = 0.0
-        self.lengths[episode_over] = 0
-        self.recent.extend(score for score, _ in finished)
-        return finished
+def train_on_rollout(q_network: QNetwork, optimizer: RAdam, batch: tuple, args: Args, run: Run, global_step: int) -> tuple:
+    """`update_epochs` passes of `num_minibatches` minibatches over the flattened rollout `batch` = (obs, actions,
+    returns, valid), each of length num_envs * num_steps. Returns the loss and Q(s, a) of the last minibatch."""
+    b_obs, b_actions, b_returns, b_valid = batch
+    batch_size = len(b_actions)
+    minibatch_size = batch_size // args.num_minibatches
+    for epoch in range(args.update_epochs):
+        b_inds = torch.randperm(batch_size, device=b_actions.device)
+        for start in range(0, batch_size, minibatch_size):
+            mb = b_inds[start : start + minibatch_size]
+            q_taken = q_network(b_obs[mb]).gather(1, b_actions[mb, None]).squeeze(1)
+            # Mean squared TD error over real transitions only: reset steps carry no learning signal.
+            loss = ((q_taken - b_returns[mb]) ** 2 * b_valid[mb]).sum() / b_valid[mb].sum().clamp(min=1.0)
+            optimizer.param.grad.zero_()  # the layers' gradients are views of it
+            loss.backward()
+            run.clip_grad_norm(optimizer.param, args.max_grad_norm, global_step)
+            optimizer.step()
+    return loss, q_taken
 
 
 def evaluate(
@@ -299,11 +221,8 @@ def evaluate(
     seed: int = 1,
 ) -> list[float]:
     """Plays `eval_episodes` episodes with a saved model and returns their scores."""
-    if capture_video:
-        # envpool does not render; a gymnasium env with the same dynamics records the video.
-        envs = gym.vector.SyncVectorEnv(
-            [lambda: gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"videos/{run_name}")]
-        )
+    if capture_video:  # envpool does not render; a gymnasium env with the same dynamics records the video
+        envs = gym.vector.SyncVectorEnv([lambda: make_video_env(env_id, run_name)])
         obs, _ = envs.reset(seed=seed)
     else:  # one environment per episode, so that short episodes are not over-represented
         envs = make_env(env_id, eval_episodes, seed)
@@ -330,315 +249,124 @@ def evaluate(
     return scores
 
 
-CHECKPOINT_FORMAT = 2  # 2: the optimizer holds one flat parameter
-CHECKPOINT_KEYS = (
-    "format",
-    "args",
-    "run_name",
-    "wandb_id",
-    "global_step",
-    "iteration",
-    "network",
-    "optimizer",
-    "rng",
-    "all_scores",
-    "episode_returns",
-    "episode_lengths",
-    "recent_returns",
-    "next_obs",
-    "next_is_reset_step",
-    "action_log",
-)
-# Flags a resumed run takes from the command line; every other flag comes from the checkpoint.
-RESUME_FLAGS = ("resume", "checkpoint_every", "cuda", "track")
-
-
-class StopRequest:
-    """SIGINT/SIGTERM while training: the first asks the loop to stop (and checkpoint) after the current iteration,
-    a second exits at once. `restore` puts the previous handlers back, since tests call `main` in-process."""
-
-    def __init__(self):
-        self.requested = False
-        self.previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def handle(self, signum, frame):
-        if self.requested:
-            self.restore()
-            raise KeyboardInterrupt
-        self.requested = True
-        print("stopping after this step; a second signal exits at once")
-
-    def restore(self):
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
-def rng_states() -> dict:
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-    }
-
-
-def set_rng_states(states: dict) -> None:
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
-    if states["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
-def save_checkpoint(state: dict, path: str) -> None:
-    """Writes to a temporary file first, so that a crash while writing leaves the previous checkpoint intact."""
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def load_checkpoint(path: str) -> dict:
-    """The checkpoint at `path`, or one clear message if it is truncated, corrupted or of another format."""
-    try:
-        # Not weights_only: the checkpoint holds numpy RNG states and arrays.
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"expected a dict of format {CHECKPOINT_FORMAT}")
-        missing = [key for key in CHECKPOINT_KEYS if key not in state]
-        if missing:
-            raise KeyError(f"missing {', '.join(missing)}")
-    except Exception as error:
-        raise SystemExit(f"error: --resume={path}: not a readable checkpoint ({type(error).__name__}: {error})")
-    return state
-
-
-def resumed_args(saved: dict, given: Args) -> Args:
-    """The checkpoint's flags, except those in RESUME_FLAGS; says which other given flags are ignored."""
-    args = Args(**saved)
-    defaults = Args()
-    for name, value in vars(given).items():
-        if name in RESUME_FLAGS:
-            setattr(args, name, value)
-        elif value != saved.get(name) and value != getattr(defaults, name):
-            print(f"--resume: ignoring --{name.replace('_', '-')}={value}; the checkpoint's value is {saved.get(name)}")
-    return args
-
-
-def replay_actions(envs, obs: np.ndarray, action_log: np.ndarray, expected_obs: np.ndarray, action_dtype: type) -> np.ndarray:
-    """Brings freshly seeded envs, just reset to `obs`, back to the checkpoint's state: envpool cannot save its
-    state, but it is deterministic given the seed and the actions. Returns the observation after the last step."""
-    print(f"resume: replaying {len(action_log)} logged environment steps")
-    for actions in action_log:
-        obs = envs.step(actions.astype(action_dtype))[0]
-    if not np.array_equal(obs, expected_obs):
-        raise SystemExit("error: environment replay diverged from the checkpoint (different envpool version or env id?)")
-    return obs
+CHECKPOINT_FORMAT = 3  # 3: the state `main` lists in `checkpoint_state`
 
 
 def main(args: Args) -> list[float]:
+    args, checkpoint = resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    checkpoint = load_checkpoint(args.resume) if args.resume else None
-    if checkpoint is not None:
-        args = resumed_args(checkpoint["args"], args)
     batch_size = args.num_envs * args.num_steps
-    minibatch_size = batch_size // args.num_minibatches
     num_iterations = args.total_timesteps // batch_size
-    run_name = checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
-    wandb_id = checkpoint["wandb_id"] if checkpoint else None
-    if args.track:
-        import wandb
-
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            save_code=True,
-            id=wandb_id,
-            resume="allow",
-        )
-        wandb_id = wandb.run.id
-    # Every scalar of the iteration a checkpoint ends is logged at or before its step; later ones are dropped.
-    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
-    if checkpoint is None:
-        writer.add_text(
-            "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
-        )
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if device.type == "cpu":
-        # A network this small gains nothing from intra-op threads; they only add synchronization per call.
-        torch.set_num_threads(1)
-
-    def to_device(array: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(array, device=device)
-
-    envs = make_env(args.env_id, args.num_envs, args.seed)
-    obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
-    q_network = QNetwork(int(np.prod(obs_shape)), num_actions).to(device)
-    parameters = flatten_parameters(q_network)
-    optimizer = RAdam(parameters, lr=args.learning_rate)
-
-    # Rollout storage lives in numpy (cheap per-step writes) and moves to the device once per rollout.
-    obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)
-    actions = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
-    rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    terminations = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
-    is_reset_step = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-    max_q = torch.zeros((args.num_steps, args.num_envs), device=device)
-    # Every action sent to the envs, so that a resumed run can rebuild them by replaying it.
-    action_log = np.zeros((num_iterations * args.num_steps, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
-
-    stats = EpisodeStats(args.num_envs)
-    all_scores: list[float] = []
-    global_step, start_iteration, last_checkpoint = 0, 0, None
-    next_obs = envs.reset()[0]
-    next_is_reset_step = np.zeros(args.num_envs, dtype=bool)
-    if checkpoint is not None:
-        global_step, start_iteration, last_checkpoint = checkpoint["global_step"], checkpoint["iteration"], args.resume
-        q_network.load_state_dict(checkpoint["network"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        all_scores = list(checkpoint["all_scores"])
-        stats.returns[:], stats.lengths[:] = checkpoint["episode_returns"], checkpoint["episode_lengths"]
-        stats.recent.extend(checkpoint["recent_returns"])
-        next_is_reset_step = checkpoint["next_is_reset_step"].copy()
-        action_log[: len(checkpoint["action_log"])] = checkpoint["action_log"]
-        next_obs = replay_actions(envs, next_obs, checkpoint["action_log"], checkpoint["next_obs"], actions.dtype)
-        set_rng_states(checkpoint["rng"])  # last: building the network and envs above drew from the generators
     epsilon_duration = args.exploration_fraction * args.total_timesteps
-    start_step, start_time, last_print = global_step, time.time(), time.time()
+    with Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+        seed_everything(args.seed, args.torch_deterministic)
+        # A network this small gains nothing from intra-op threads; they only add synchronization per call.
+        device = pick_device(args.cuda, cpu_threads=1)
 
-    def write_checkpoint(iterations_done: int) -> str:
-        state = {
-            "format": CHECKPOINT_FORMAT,
-            "args": vars(args),
-            "run_name": run_name,
-            "wandb_id": wandb_id,
-            "global_step": global_step,
-            "iteration": iterations_done,
-            "network": q_network.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "rng": rng_states(),
-            "all_scores": all_scores,
-            "episode_returns": stats.returns,
-            "episode_lengths": stats.lengths,
-            "recent_returns": list(stats.recent),
-            "next_obs": next_obs,
-            "next_is_reset_step": next_is_reset_step,
-            "action_log": action_log[: iterations_done * args.num_steps],
-        }
-        save_checkpoint(state, checkpoint_path)
-        return checkpoint_path
+        def to_device(array: np.ndarray) -> torch.Tensor:
+            return torch.as_tensor(array, device=device)
 
-    stop = StopRequest()
-    for iteration in range(start_iteration, num_iterations):
-        if args.anneal_lr:
-            optimizer.lr = (1.0 - iteration / num_iterations) * args.learning_rate
-        # Exploration draws for the whole rollout at once: one epsilon per step, decayed by global step.
-        step_epsilons = linear_schedule(
-            args.start_e, args.end_e, epsilon_duration, global_step + args.num_envs * np.arange(1, args.num_steps + 1)
-        )
-        explore = np.random.rand(args.num_steps, args.num_envs) < step_epsilons[:, None]
-        random_actions = np.random.randint(0, num_actions, (args.num_steps, args.num_envs))
+        envs = make_env(args.env_id, args.num_envs, args.seed)
+        obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
+        q_network = QNetwork(int(np.prod(obs_shape)), num_actions).to(device)
+        optimizer = RAdam(flatten_parameters(q_network), lr=args.learning_rate)
 
-        for step in range(args.num_steps):
-            global_step += args.num_envs
-            obs[step] = next_obs
-            is_reset_step[step] = next_is_reset_step
-            with torch.no_grad():
-                step_max_q, greedy = q_network(torch.as_tensor(next_obs, device=device)).max(dim=1)
-            max_q[step] = step_max_q
-            actions[step] = np.where(explore[step], random_actions[step], greedy.cpu().numpy())
-            action_log[iteration * args.num_steps + step] = actions[step]
+        # Rollout storage lives in numpy (cheap per-step writes) and moves to the device once per rollout.
+        obs = np.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=np.float32)
+        actions = np.zeros((args.num_steps, args.num_envs), dtype=np.int64)
+        rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+        terminations = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
+        is_reset_step = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+        max_q = torch.zeros((args.num_steps, args.num_envs), device=device)
+        # Every action sent to the envs, so that a resumed run can rebuild them by replaying it.
+        action_log = np.zeros((num_iterations * args.num_steps, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
+        stats = EpisodeStats(args.num_envs)
+        next_obs = envs.reset()[0]
+        next_is_reset_step = np.zeros(args.num_envs, dtype=bool)
 
-            next_obs, reward, terminated, truncated, _ = envs.step(actions[step])
-            rewards[step] = reward
-            terminations[step] = terminated
-            for score, length in stats.update(reward, next_is_reset_step, terminated | truncated):
-                all_scores.append(score)
-                writer.add_scalar("charts/episodic_return", score, global_step)
-                writer.add_scalar("charts/episodic_length", length, global_step)
-            next_is_reset_step = terminated | truncated
+        def checkpoint_state(iterations_done: int = num_iterations) -> dict:
+            """Everything a resumed run needs after `iterations_done` iterations. Checkpoints fall on iteration
+            boundaries, where the rollout storage holds nothing still needed; the default keeps the whole action log,
+            for a restore to load the saved part into."""
+            return {
+                "iteration": iterations_done,
+                "q_network": q_network,
+                "optimizer": optimizer,
+                "stats": stats,
+                "next_obs": next_obs,
+                "next_is_reset_step": next_is_reset_step,
+                "action_log": action_log[: iterations_done * args.num_steps],
+            }
 
-        with torch.no_grad():
-            last_max_q = q_network(to_device(next_obs)).max(dim=1).values
-            next_max_q = torch.cat([max_q[1:], last_max_q[None]])
-            fold_rewards, fold_dones = fold_reset_steps(
-                to_device(rewards), to_device(terminations), max_q, to_device(is_reset_step)
+        start_iteration = 0
+        if checkpoint is not None:
+            start_iteration = run.restore(checkpoint_state())["iteration"]
+            next_obs = fast_forward(envs, action_log[: start_iteration * args.num_steps], next_obs, actions.dtype)
+        global_step = start_iteration * batch_size
+        progress = Progress(args.total_timesteps, global_step)
+        for iteration in range(start_iteration, num_iterations):
+            if args.anneal_lr:
+                optimizer.lr = (1.0 - iteration / num_iterations) * args.learning_rate
+            # Exploration draws for the whole rollout at once: one epsilon per step, decayed by global step.
+            step_epsilons = linear_schedule(
+                args.start_e, args.end_e, epsilon_duration, global_step + args.num_envs * np.arange(1, args.num_steps + 1)
             )
-            returns = q_lambda_returns(fold_rewards, fold_dones, next_max_q, args.gamma, args.q_lambda)
+            explore = np.random.rand(args.num_steps, args.num_envs) < step_epsilons[:, None]
+            random_actions = np.random.randint(0, num_actions, (args.num_steps, args.num_envs))
 
-        b_obs = to_device(obs).reshape((-1,) + obs_shape)
-        b_actions = to_device(actions).reshape(-1)
-        b_returns = returns.reshape(-1)
-        b_valid = to_device(~is_reset_step).reshape(-1).float()
-        try:
-            for epoch in range(args.update_epochs):
-                b_inds = torch.randperm(batch_size, device=device)
-                for start in range(0, batch_size, minibatch_size):
-                    mb = b_inds[start : start + minibatch_size]
-                    q_taken = q_network(b_obs[mb]).gather(1, b_actions[mb, None]).squeeze(1)
-                    # Mean squared TD error over real transitions only: reset steps carry no learning signal.
-                    loss = ((q_taken - b_returns[mb]) ** 2 * b_valid[mb]).sum() / b_valid[mb].sum().clamp(min=1.0)
-                    parameters.grad.zero_()  # the layers' gradients are views of it
-                    loss.backward()
-                    # Raises before the step on a NaN/inf loss or Q-value: they all reach the gradient norm.
-                    nn.utils.clip_grad_norm_(parameters, args.max_grad_norm, error_if_nonfinite=True)
-                    optimizer.step()
-        except RuntimeError as error:
-            if "non-finite" not in str(error):
-                raise
-            stop.restore()
-            raise SystemExit(
-                f"error: non-finite loss or Q-values at step {global_step}; "
-                f"last good checkpoint: {last_checkpoint or 'none written'}"
-            ) from None
+            for step in range(args.num_steps):
+                global_step += args.num_envs
+                obs[step] = next_obs
+                is_reset_step[step] = next_is_reset_step
+                with torch.no_grad():
+                    step_max_q, greedy = q_network(to_device(next_obs)).max(dim=1)
+                max_q[step] = step_max_q
+                actions[step] = np.where(explore[step], random_actions[step], greedy.cpu().numpy())
+                action_log[iteration * args.num_steps + step] = actions[step]
 
-        if iteration % 10 == 0 or iteration == num_iterations - 1:
-            sps = int((global_step - start_step) / (time.time() - start_time))
-            writer.add_scalar("losses/td_loss", loss.item(), global_step)
-            writer.add_scalar("losses/q_values", q_taken.mean().item(), global_step)
-            writer.add_scalar("charts/epsilon", float(step_epsilons[-1]), global_step)
-            writer.add_scalar("charts/learning_rate", optimizer.lr, global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            if time.time() - last_print > 10 or iteration == num_iterations - 1:
-                last_print = time.time()
-                recent = np.mean(stats.recent) if stats.recent else float("nan")
-                eta = (args.total_timesteps - global_step) / max(sps, 1)
-                print(
-                    f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {recent:8.2f} "
-                    f"| ETA {eta:5.0f}s"
+                next_obs, reward, terminated, truncated, _ = envs.step(actions[step])
+                rewards[step] = reward
+                terminations[step] = terminated
+                stats.update(reward, next_is_reset_step, terminated | truncated, run.writer, global_step)
+                next_is_reset_step = terminated | truncated
+
+            with torch.no_grad():
+                last_max_q = q_network(to_device(next_obs)).max(dim=1).values
+                next_max_q = torch.cat([max_q[1:], last_max_q[None]])
+                fold_rewards, fold_dones = fold_reset_steps(
+                    to_device(rewards), to_device(terminations), max_q, to_device(is_reset_step)
                 )
+                returns = q_lambda_returns(fold_rewards, fold_dones, next_max_q, args.gamma, args.q_lambda)
+            batch = (
+                to_device(obs).reshape((-1,) + obs_shape),
+                to_device(actions).reshape(-1),
+                returns.reshape(-1),
+                to_device(~is_reset_step).reshape(-1).float(),
+            )
+            loss, q_taken = train_on_rollout(q_network, optimizer, batch, args, run, global_step)
 
-        # Checkpoints fall on iteration boundaries, where the rollout storage holds nothing that is still needed.
-        every = args.checkpoint_every
-        crossed = every > 0 and global_step // every > (global_step - batch_size) // every
-        if crossed or stop.requested or (every > 0 and iteration == num_iterations - 1):
-            last_checkpoint = write_checkpoint(iteration + 1)
-        if stop.requested:
-            script = f"cleanrl/{os.path.basename(__file__)}"
-            print(f"checkpoint written to {last_checkpoint}; resume with: python {script} --resume {last_checkpoint}")
-            break
+            is_last = iteration == num_iterations - 1
+            if iteration % 10 == 0 or is_last:
+                run.writer.add_scalar("losses/td_loss", loss.item(), global_step)
+                run.writer.add_scalar("losses/q_values", q_taken.mean().item(), global_step)
+                run.writer.add_scalar("charts/epsilon", float(step_epsilons[-1]), global_step)
+                run.writer.add_scalar("charts/learning_rate", optimizer.lr, global_step)
+                run.writer.add_scalar("charts/SPS", progress.sps(global_step), global_step)
+                progress.print(global_step, stats.recent, force=is_last)
+            if run.checkpoint_or_stop(global_step, batch_size, is_last, lambda: checkpoint_state(iteration + 1)):
+                break
 
-    if args.save_model and not stop.requested:
-        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-        torch.save(q_network.state_dict(), model_path)
-        print(f"model saved to {model_path}")
-        scores = evaluate(model_path, args.env_id, args.eval_episodes, device, 0.05, args.capture_video, run_name, args.seed)
-        for idx, score in enumerate(scores):
-            writer.add_scalar("eval/episodic_return", score, idx)
-
-    envs.close()
-    writer.close()
-    if args.track:
-        wandb.finish()
-    stop.restore()
-    return all_scores
+        if args.save_model and not run.stopped:
+            model_path = f"{run.dir}/{args.exp_name}.cleanrl_model"
+            torch.save(q_network.state_dict(), model_path)
+            print(f"model saved to {model_path}")
+            scores = evaluate(
+                model_path, args.env_id, args.eval_episodes, device, 0.05, args.capture_video, run.name, args.seed
+            )
+            for idx, score in enumerate(scores):
+                run.writer.add_scalar("eval/episodic_return", score, idx)
+        envs.close()
+    return stats.scores
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ def test_sigint_leaves_a_checkpoint_and_restores_handlers(monkeypatch, tmp_path)
     interrupt_at_step(monkeypatch, pqn, k=40)  # in the 3rd iteration (steps 32..47)
     pqn.main(pqn.Args(**{**SMALL, "checkpoint_every": 0}))
     state = load(only_run_dir(tmp_path) / "checkpoint.pt")
-    assert state["global_step"] == 3 * 64 and state["iteration"] == 3
-    assert state["action_log"].shape == (3 * 16, 4) and state["action_log"].dtype == np.uint8
+    assert state["global_step"] == 3 * 64 and state["state"]["iteration"] == 3
+    action_log = state["state"]["action_log"]
+    assert action_log.shape == (3 * 16, 4) and action_log.dtype == np.uint8
     assert signal.getsignal(signal.SIGINT) is handler_before
 
 
@@ -64,9 +65,10 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(monkeypatch, tmp_path)
     final_b = load(run_b / "checkpoint.pt")
 
     assert final_b["global_step"] == final_a["global_step"] == 2048
-    assert final_a["network"].keys() == final_b["network"].keys()
-    for name, weight in final_a["network"].items():
-        assert torch.equal(weight, final_b["network"][name]), name
+    weights_a, weights_b = final_a["state"]["q_network"], final_b["state"]["q_network"]
+    assert weights_a.keys() == weights_b.keys()
+    for name, weight in weights_a.items():
+        assert torch.equal(weight, weights_b[name]), name
     assert scores_a == scores_b and len(scores_a) > 10
     # The resumed run appends to the same TensorBoard log without duplicating the stretch before the checkpoint.
     assert tb_returns(run_b) == tb_returns(only_run_dir(tmp_path / "a"))
@@ -89,9 +91,10 @@ def test_unreadable_checkpoint_gives_one_clear_message(damage, monkeypatch, tmp_
     assert "not a readable checkpoint" in str(error.value)
 
 
-def test_missing_resume_file_and_negative_checkpoint_every_are_refused(tmp_path):
+def test_missing_resume_file_and_negative_checkpoint_every_are_refused(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit, match="--resume"):
-        pqn.validate_args(pqn.Args(resume=str(tmp_path / "nope.pt")))
+        pqn.main(pqn.Args(resume=str(tmp_path / "nope.pt")))
     with pytest.raises(SystemExit, match="--checkpoint-every"):
         pqn.validate_args(pqn.Args(checkpoint_every=-1))
 
@@ -160,8 +163,8 @@ def test_atari_sigint_checkpoint_and_exact_resume(module, monkeypatch, tmp_path)
     scores_b = module.main(module.Args(resume=str(path), checkpoint_every=128))
     final_b = load(path)
     assert final_b["global_step"] == 2 * 64
-    for name, weight in final_a["network"].items():
-        assert torch.equal(weight, final_b["network"][name]), name
+    for name, weight in final_a["state"]["q_network"].items():
+        assert torch.equal(weight, final_b["state"]["q_network"][name]), name
     assert scores_a == scores_b
 
 

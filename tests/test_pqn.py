@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cleanrl import pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
+from cleanrl_q_utils.flat_radam import RAdam, flatten_parameters
 
 from learning import last_mean, passes_with_one_of
 
@@ -269,7 +270,7 @@ def test_radam_matches_torch_radam():
     reference = torch.nn.Parameter(torch.randn(300))
     ours = torch.nn.Parameter(reference.detach().clone())
     torch_radam = torch.optim.RAdam([reference], lr=1e-2)
-    radam = pqn.RAdam(ours, lr=1e-2)
+    radam = RAdam(ours, lr=1e-2)
     for step in range(40):  # crosses the switch from momentum steps to rectified adaptive steps (step 6)
         grad = torch.randn(300)
         reference.grad, ours.grad = grad.clone(), grad.clone()
@@ -284,7 +285,7 @@ def test_flatten_parameters_keeps_the_network_and_collects_its_gradients():
     x = torch.randn(16, 4)
     before = network(x).detach()
     expected = torch.autograd.grad(network(x).square().sum(), list(network.parameters()))
-    flat = pqn.flatten_parameters(network)
+    flat = flatten_parameters(network)
     torch.testing.assert_close(network(x), before)
     network(x).square().sum().backward()
     torch.testing.assert_close(flat.grad, torch.cat([g.reshape(-1) for g in expected]))
