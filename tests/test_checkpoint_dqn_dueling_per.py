@@ -52,10 +52,11 @@ def test_sigint_writes_a_checkpoint_and_stops(tmp_path, monkeypatch):
     scores = main(Args(**SMALL, save_model=True))
     assert signal.getsignal(signal.SIGINT) is handler_before
     checkpoint = load(only_checkpoint())
-    assert checkpoint["global_step"] == 50 * 4 and checkpoint["iteration"] == 50
-    assert checkpoint["episode_scores"] == scores
-    assert checkpoint["action_log"].shape == (50, 4) and checkpoint["action_log"].dtype == np.uint8
-    assert checkpoint["replay"] is None  # no --checkpoint-replay
+    state = checkpoint["state"]
+    assert checkpoint["global_step"] == 50 * 4 and state["iteration"] == 50
+    assert state["stats"]["scores"] == scores
+    assert state["action_log"].shape == (50, 4) and state["action_log"].dtype == np.uint8
+    assert state["rb"] is None  # no --checkpoint-replay
     assert not glob.glob("runs/*/*.cleanrl_model")  # an interrupted run is not saved or evaluated
     assert not glob.glob("runs/*/*.tmp")
 
@@ -77,12 +78,13 @@ def test_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
     final_b = load(path)
 
     assert final_b["global_step"] == final_a["global_step"] == 2000
-    assert scores_b == scores_a == final_a["episode_scores"] == final_b["episode_scores"]
+    final_a, final_b = final_a["state"], final_b["state"]
+    assert scores_b == scores_a == final_a["stats"]["scores"] == final_b["stats"]["scores"]
     for net in ("q_network", "target_network"):
         for name, weight in final_a[net].items():
             assert torch.equal(weight, final_b[net][name]), (net, name)
-    assert final_a["replay"]["size"] == final_b["replay"]["size"]
-    np.testing.assert_array_equal(final_a["replay"]["sum_tree"], final_b["replay"]["sum_tree"])
+    assert final_a["rb"]["size"] == final_b["rb"]["size"]
+    np.testing.assert_array_equal(final_a["rb"]["sum_tree"], final_b["rb"]["sum_tree"])
 
 
 def test_resume_without_replay_refills_the_buffer_and_finishes(tmp_path, monkeypatch, capsys):
@@ -101,18 +103,21 @@ def test_resume_without_replay_refills_the_buffer_and_finishes(tmp_path, monkeyp
     assert "ignoring" in out and "--learning-rate=0.5" in out
     final = load(path)
     assert final["global_step"] == 2000 and final["args"]["learning_rate"] == 1e-3  # the checkpoint's, not 0.5
-    assert len(scores) == len(final["episode_scores"]) > 0
+    assert len(scores) == len(final["state"]["stats"]["scores"]) > 0
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "old_format"])
 def test_unreadable_checkpoint_is_refused(tmp_path, monkeypatch, damage):
     monkeypatch.chdir(tmp_path)
     interrupt_at_step(monkeypatch, script, 10)
     main(Args(**SMALL, checkpoint_replay=True))
     path = only_checkpoint()
-    data = open(path, "rb").read()
-    with open(path, "wb") as f:
-        f.write(data[: len(data) // 2] if damage == "truncated" else os.urandom(1000))
+    if damage == "old_format":
+        torch.save(dict(load(path), format=1), path)
+    else:
+        data = open(path, "rb").read()
+        with open(path, "wb") as f:
+            f.write(data[: len(data) // 2] if damage == "truncated" else os.urandom(1000))
     with pytest.raises(SystemExit, match="--resume=.*not a readable checkpoint"):
         main(Args(resume=path))
 
@@ -123,7 +128,7 @@ def test_diverged_environment_replay_is_refused(tmp_path, monkeypatch):
     main(Args(**SMALL))
     path = only_checkpoint()
     checkpoint = load(path)
-    checkpoint["action_log"][5] = 1 - checkpoint["action_log"][5]  # a different past
+    checkpoint["state"]["action_log"][5] = 1 - checkpoint["state"]["action_log"][5]  # a different past
     torch.save(checkpoint, path)
     with pytest.raises(SystemExit, match="environment replay diverged"):
         main(Args(resume=path))
@@ -205,8 +210,9 @@ def test_atari_sigint_checkpoint_and_resume_smoke(tmp_path, monkeypatch):
     path = only_checkpoint()
     checkpoint = load(path)
     assert checkpoint["global_step"] == 40
-    assert checkpoint["obs"].shape == (2, 4, 84, 84) and checkpoint["obs"].dtype == np.uint8
-    assert checkpoint["replay"]["obs"].dtype == torch.uint8 and checkpoint["replay"]["size"] > 0
+    state = checkpoint["state"]
+    assert state["obs"].shape == (2, 4, 84, 84) and state["obs"].dtype == np.uint8
+    assert state["rb"]["obs"].dtype == torch.uint8 and state["rb"]["size"] > 0
     main(Args(resume=path, checkpoint_every=48))
     assert load(path)["global_step"] == 96
 

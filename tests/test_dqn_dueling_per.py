@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+import cleanrl.dqn_dueling_per as script
 from cleanrl.dqn_dueling_per import (
     Args,
     DuelingQNetwork,
@@ -13,6 +14,7 @@ from cleanrl.dqn_dueling_per import (
     SegmentTree,
     double_q_targets,
     dueling_combine,
+    evaluate,
     importance_weights,
     main,
 )
@@ -104,7 +106,7 @@ def test_importance_weights_by_hand():
     assert set(indices.tolist()) == {0, 1, 2}
     for i, w in zip(indices, weights):
         assert w == pytest.approx(expected[int(i)], rel=1e-5)
-    np.testing.assert_array_equal(batch.actions, indices)  # the batch rows belong to the indices
+    np.testing.assert_array_equal(batch[1], indices)  # the batch rows belong to the indices
     # The normaliser is the whole buffer's largest weight, so a batch without item 0 stays < 1.
     w = importance_weights(np.array([2.0**0.5, 2.0]), 1.0, beta=1.0)
     np.testing.assert_allclose(w, [2.0**-0.5, 0.5], rtol=1e-6)
@@ -144,7 +146,7 @@ def reference_nstep(stream, n, gamma):
     for e in range(num_envs):
         episode = []
         for step in stream:
-            if not step["real"][e]:
+            if step["is_reset_step"][e]:
                 continue
             episode.append({k: step[k][e] for k in ("obs", "action", "reward", "term", "trunc", "next_obs")})
             if step["term"][e] or step["trunc"][e]:
@@ -169,12 +171,12 @@ def reference_nstep(stream, n, gamma):
 def test_nstep_window_matches_plain_loop(n):
     rng = np.random.default_rng(n)
     num_envs, gamma = 3, 0.9
-    stream, is_reset = [], np.zeros(num_envs, dtype=bool)
+    stream, is_reset_step = [], np.zeros(num_envs, dtype=bool)
     counter = 0.0
     for _ in range(200):
         term = rng.random(num_envs) < 0.08
         trunc = ~term & (rng.random(num_envs) < 0.05)
-        real = ~is_reset
+        real = ~is_reset_step
         obs = counter + np.arange(num_envs) * 0.001  # unique ids for every observation
         counter += 1
         step = dict(
@@ -184,14 +186,16 @@ def test_nstep_window_matches_plain_loop(n):
             term=term & real,
             trunc=trunc & real,
             next_obs=obs + 0.5,
-            real=real,
+            is_reset_step=is_reset_step,
         )
         stream.append(step)
-        is_reset = step["term"] | step["trunc"]
+        is_reset_step = step["term"] | step["trunc"]
     window = NStepWindow(n, num_envs, (), np.float64, gamma)
     got = []
     for s in stream:
-        o, a, r, d, no = window.push(s["obs"], s["action"], s["reward"], s["term"], s["trunc"], s["next_obs"], s["real"])
+        o, a, r, d, no = window.push(
+            s["obs"], s["action"], s["reward"], s["term"], s["trunc"], s["next_obs"], s["is_reset_step"]
+        )
         got += [(float(x), int(y), float(z), float(w), float(v)) for x, y, z, w, v in zip(o, a, r, d, no)]
     expected = reference_nstep(stream, n, gamma)
     assert len(got) == len(expected) > 100
@@ -206,8 +210,8 @@ def test_nstep_window_matches_plain_loop(n):
 
 def test_nstep_window_truncation_bootstraps_and_termination_does_not():
     w = NStepWindow(2, 2, (), np.float64, gamma=0.5)
-    real, no = np.array([True, True]), np.array([False, False])
-    w.push(np.array([0.0, 10.0]), np.array([0, 0]), np.array([1.0, 1.0]), no, no, np.array([1.0, 11.0]), real)
+    no = np.array([False, False])
+    w.push(np.array([0.0, 10.0]), np.array([0, 0]), np.array([1.0, 1.0]), no, no, np.array([1.0, 11.0]), no)
     o, a, r, d, nxt = w.push(
         np.array([1.0, 11.0]),
         np.array([1, 1]),
@@ -215,13 +219,13 @@ def test_nstep_window_truncation_bootstraps_and_termination_does_not():
         np.array([True, False]),
         np.array([False, True]),
         np.array([2.0, 12.0]),
-        real,
+        no,
     )
     got = sorted(zip(o.tolist(), r.tolist(), d.tolist(), nxt.tolist()))
     # env 0 terminates: no bootstrap; env 1 times out: bootstrap from its final obs 12.
     assert got == [(0.0, 2.0, 0.0, 2.0), (1.0, 2.0, 0.0, 2.0), (10.0, 2.0, 0.25, 12.0), (11.0, 2.0, 0.5, 12.0)]
     # The next call is the autoreset step of both envs: nothing enters, nothing leaves.
-    out = w.push(np.array([2.0, 12.0]), np.array([0, 0]), np.array([0.0, 0.0]), no, no, np.array([5.0, 15.0]), no)
+    out = w.push(np.array([2.0, 12.0]), np.array([0, 0]), np.array([0.0, 0.0]), no, no, np.array([5.0, 15.0]), ~no)
     assert len(out[0]) == 0
 
 
@@ -261,8 +265,9 @@ def test_double_q_targets_by_hand():
     "overrides, flag",
     [
         (dict(batch_size=64, buffer_size=32), "--buffer-size"),
-        (dict(alpha=1.5), "--alpha"),
-        (dict(beta_start=-0.1), "--beta-start"),
+        (dict(prioritized_replay_alpha=1.5), "--prioritized-replay-alpha"),
+        (dict(prioritized_replay_beta=-0.1), "--prioritized-replay-beta"),
+        (dict(prioritized_replay_eps=0.0), "--prioritized-replay-eps"),
         (dict(n_step=0), "--n-step"),
         (dict(env_id="LunarLanderContinuous-v3"), "--env-id"),
         (dict(env_id="NoSuchEnv-v0"), "--env-id"),
@@ -294,6 +299,17 @@ def test_smoke_run(tmp_path, monkeypatch):
     assert glob.glob(f"{runs[0]}/events.out.tfevents.*")
     state = torch.load(f"{runs[0]}/dqn_dueling_per.cleanrl_model", weights_only=True)
     assert all(torch.isfinite(t).all() for t in state.values())
+
+
+def test_video_evaluation_plays_full_games_through_the_rendering_env(tmp_path, monkeypatch):
+    import gymnasium as gym
+
+    path = tmp_path / "model.cleanrl_model"
+    torch.save(DuelingQNetwork((4,), 2, hidden_size=16).state_dict(), path)
+    made = []  # the recording env needs the video extra; a plain gymnasium env stands in for it
+    monkeypatch.setattr(script, "make_video_env", lambda env_id, run_name, **kwargs: made.append(run_name) or gym.make(env_id))
+    scores = evaluate(str(path), Args(hidden_size=16, eval_episodes=3, capture_video=True), torch.device("cpu"), "run")
+    assert made == ["run"] and len(scores) == 3 and all(8 <= s <= 500 for s in scores)
 
 
 # The default run (120k steps, 80-120 s on the 2-core CPU); the schedules scale with the run length, and shorter
