@@ -10,9 +10,6 @@ ICML 2018. Docs: docs/rl-algorithms/iqn.md
 """
 
 import os
-import random
-import signal
-import time
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -22,7 +19,21 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from torch.utils.tensorboard import SummaryWriter
+
+from cleanrl_q_utils.plumbing import (
+    EpisodeStats,
+    Progress,
+    Run,
+    check_env_id,
+    check_flags,
+    check_memory,
+    fast_forward,
+    flag_error,
+    make_video_env,
+    pick_device,
+    resume,
+    seed_everything,
+)
 
 
 @dataclass
@@ -78,8 +89,8 @@ class Args:
     """the starting epsilon of the epsilon-greedy exploration"""
     end_e: float = 0.01
     """the final epsilon of the epsilon-greedy exploration"""
-    exploration_steps: int = 10_000
-    """environment steps over which epsilon decays linearly from `start_e` to `end_e`"""
+    exploration_fraction: float = 1 / 30
+    """the fraction of `total_timesteps` over which epsilon decays linearly from `start_e` to `end_e` (10k steps)"""
     eval_epsilon: float = 0.001
     """the epsilon of the evaluation episodes"""
     num_tau_samples: int = 8
@@ -92,7 +103,7 @@ class Args:
     """the number of cosine features cos(pi i tau), i = 1..dim, of the quantile embedding"""
     kappa: float = 1.0
     """the threshold of the Huber loss inside the quantile loss"""
-    hidden_dim: int = 64
+    hidden_size: int = 64
     """width of the MLP torso, of the quantile embedding and of the hidden layer of the head"""
     checkpoint_every: int = 0
     """write a resumable checkpoint every this many agent steps (0: only on SIGINT/SIGTERM)"""
@@ -103,39 +114,25 @@ class Args:
 
 
 def validate_args(args: Args) -> None:
-    if args.env_id not in envpool.list_all_envs():
-        raise SystemExit(f"error: --env-id={args.env_id}: not an envpool environment id")
-    spec = envpool.make_spec(args.env_id)
-    if not isinstance(spec.action_space, gym.spaces.Discrete):
-        raise SystemExit(f"error: --env-id={args.env_id}: the action space must be Discrete")
+    spec = check_env_id(args.env_id)
     if len(spec.observation_space.shape) != 1:
-        raise SystemExit(f"error: --env-id={args.env_id}: needs vector observations (for Atari use iqn_atari.py)")
-    positive = ["total_timesteps", "num_envs", "n_step", "batch_size", "train_frequency", "target_network_frequency",
-                "exploration_steps", "num_tau_samples", "num_tau_prime_samples", "num_quantile_samples",
-                "quantile_embedding_dim", "hidden_dim", "learning_rate", "adam_eps", "kappa"]  # fmt: skip
-    for name in positive:
-        if getattr(args, name) <= 0:
-            raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be > 0")
-    for name in ["gamma", "start_e", "end_e", "eval_epsilon"]:
-        if not 0.0 <= getattr(args, name) <= 1.0:
-            raise SystemExit(f"error: --{name.replace('_', '-')}={getattr(args, name)}: must be in [0, 1]")
+        flag_error("env_id", args.env_id, "needs vector observations (for Atari use iqn_atari.py)")
+    positive = (
+        "total_timesteps num_envs n_step batch_size train_frequency target_network_frequency exploration_fraction kappa "
+        "num_tau_samples num_tau_prime_samples num_quantile_samples quantile_embedding_dim hidden_size learning_rate adam_eps"
+    ).split()
+    probabilities, values = ("gamma", "start_e", "end_e", "eval_epsilon"), vars(args)
+    check_flags(
+        [(name, values[name], values[name] > 0, "must be > 0") for name in positive]
+        + [(name, values[name], 0.0 <= values[name] <= 1.0, "must be in [0, 1]") for name in probabilities]
+        + [(name, values[name], values[name] >= 0, "must be >= 0") for name in ("eval_episodes", "checkpoint_every")]
+    )
     if args.learning_starts < args.batch_size:
-        raise SystemExit(f"error: --learning-starts={args.learning_starts}: must be >= --batch-size={args.batch_size}")
-    if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 2 * STACK_NUM + 2):
-        raise SystemExit(
-            f"error: --buffer-size={args.buffer_size}: must hold --learning-starts={args.learning_starts} steps "
-            f"and at least {2 * STACK_NUM + 2} steps per environment (--num-envs={args.num_envs})"
-        )
-    if args.eval_episodes < 0:
-        raise SystemExit(f"error: --eval-episodes={args.eval_episodes}: must be >= 0")
-    if args.checkpoint_every < 0:
-        raise SystemExit(f"error: --checkpoint-every={args.checkpoint_every}: must be >= 0 (0: only on a signal)")
-    if args.resume is not None and not os.path.isfile(args.resume):
-        raise SystemExit(f"error: --resume={args.resume}: no such file")
-
-
-# Vector observations are not stacked; the replay below is shared with iqn_atari.py, where 4 frames are.
-STACK_NUM = 1
+        flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
+    if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 4):
+        needs = f"must hold --learning-starts={args.learning_starts} steps and at least 4 steps per environment"
+        flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
+    check_memory(replay_memory_bytes(args, spec.observation_space.shape), "the replay", f"--buffer-size={args.buffer_size}")
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
@@ -155,13 +152,12 @@ class QuantileNetwork(nn.Module):
     and multiplied element-wise by the embedding phi(tau) = ReLU(Linear(cos(pi i tau))) of each quantile level.
     """
 
-    def __init__(self, obs_dim: int, num_actions: int, embedding_dim: int, hidden_dim: int):
+    def __init__(self, obs_dim: int, num_actions: int, embedding_dim: int, hidden_size: int):
         super().__init__()
         self.embedding_dim = embedding_dim
-        self.torso = nn.Sequential(nn.Flatten(), nn.Linear(obs_dim, hidden_dim), nn.ReLU())
-        feature_dim = hidden_dim
-        self.tau_embedding = nn.Sequential(nn.Linear(embedding_dim, feature_dim), nn.ReLU())
-        self.head = nn.Sequential(nn.Linear(feature_dim, hidden_dim), nn.ReLU(), nn.Linear(hidden_dim, num_actions))
+        self.torso = nn.Sequential(nn.Flatten(), nn.Linear(obs_dim, hidden_size), nn.ReLU())
+        self.tau_embedding = nn.Sequential(nn.Linear(embedding_dim, hidden_size), nn.ReLU())
+        self.head = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
 
     def forward(self, x: torch.Tensor, taus: torch.Tensor) -> torch.Tensor:
         features = self.torso(x)
@@ -185,54 +181,35 @@ class Batch(NamedTuple):
 class ReplayBuffer:
     """Uniform replay that stores every observation once, in one ring of `capacity // num_envs` slots per environment.
 
-    Slot t of environment e holds the newest frame of observation o_t, whether o_t starts a game, the action taken
-    at o_t, and the reward and `terminated` flag of the step that followed. o_{t+1} is slot t + 1 of the same ring,
-    so a transition costs one frame instead of two stacks of `stack_num` frames. A stack is rebuilt from the
-    `stack_num` slots ending at t, the way envpool builds it: at the start of a game every stack position holds the
-    game's first frame, while after a lost life (`episodic_life`) the stack runs on across the boundary.
+    Slot t of environment e holds observation o_t, the action taken at o_t, and the reward and `terminated` flag of
+    the step that followed; o_{t+1} is slot t + 1 of the same ring, so a transition costs one observation, not two.
     `valid[e, t]` is False when the step after t was envpool's reset step, which is never a transition.
     A sample from o_t runs over up to `n_step` steps of the same episode: it stops after a termination, at an
     episode's last observation (a time-out, bootstrapped from there) and at the newest stored step.
+    iqn_atari.py's buffer is this one plus the rebuilding of 4-frame stacks from single frames.
     """
 
-    def __init__(
-        self, capacity, num_envs, frame_shape, frame_dtype, stack_num, device, rng: np.random.Generator,
-        n_step: int = 1, gamma: float = 0.99,
-    ):  # fmt: skip
+    def __init__(self, capacity, num_envs, obs_shape, device, rng, n_step=1, gamma=0.99):
         self.ring = capacity // num_envs
-        self.num_envs, self.stack_num, self.device, self.rng = num_envs, stack_num, device, rng
-        self.n_step, self.gamma = n_step, gamma
-        self.frames = np.zeros((num_envs, self.ring, *frame_shape), dtype=frame_dtype)
-        self.game_start = np.zeros((num_envs, self.ring), dtype=bool)
+        self.num_envs, self.device, self.rng, self.n_step, self.gamma = num_envs, device, rng, n_step, gamma
+        self.obs = np.zeros((num_envs, self.ring, *obs_shape), dtype=np.float32)
         self.actions = np.zeros((num_envs, self.ring), dtype=np.int64)
         self.rewards = np.zeros((num_envs, self.ring), dtype=np.float32)
         self.terminated = np.zeros((num_envs, self.ring), dtype=np.float32)
         self.valid = np.zeros((num_envs, self.ring), dtype=bool)
         self.num_added = 0  # slots written per ring so far; slot of logical step t is t % ring
 
-    def add(self, frames, game_start, actions, rewards, terminated, valid):
-        """One step of every environment: the newest frame of o_t (num_envs, *frame_shape) and what followed it."""
-        t = self.num_added % self.ring
-        self.frames[:, t] = frames
-        self.game_start[:, t] = game_start
-        self.actions[:, t] = actions
-        self.rewards[:, t] = rewards
-        self.terminated[:, t] = terminated
-        self.valid[:, t] = valid
+    ARRAYS = ("obs", "actions", "rewards", "terminated", "valid")
+
+    def add(self, obs, actions, rewards, terminated, valid):
+        """One step of every environment: o_t (num_envs, *obs_shape) and what followed it."""
+        for name, value in zip(self.ARRAYS, (obs, actions, rewards, terminated, valid)):
+            getattr(self, name)[:, self.num_added % self.ring] = value
         self.num_added += 1
 
-    def stacks(self, env: np.ndarray, t: np.ndarray) -> np.ndarray:
-        """Observations o_t of envs `env` at logical steps `t`, (B,) each -> (B, stack_num, *frame_shape)."""
-        window = t[:, None] - np.arange(self.stack_num - 1, -1, -1)  # t - stack_num + 1, ..., t
-        # Positions before the latest game start inside the window repeat that start's frame.
-        is_start = self.game_start[env[:, None], window % self.ring] & (window >= 0)
-        latest_start = np.where(is_start, window, -1).max(axis=1, keepdims=True)
-        window = np.maximum(window, latest_start)
-        return self.frames[env[:, None], window % self.ring]
-
     def sample(self, batch_size: int) -> Batch:
-        # Logical steps whose whole stack is still stored and whose successor o_{t+1} is already written.
-        low = max(0, self.num_added - self.ring + self.stack_num - 1)
+        # Logical steps still stored whose successor o_{t+1} is already written.
+        low = max(0, self.num_added - self.ring)
         env = self.rng.integers(self.num_envs, size=batch_size)
         t = self.rng.integers(low, self.num_added - 1, size=batch_size)
         invalid = ~self.valid[env, t % self.ring]
@@ -247,72 +224,28 @@ class ReplayBuffer:
         # observation, and the step after t + k is already stored.
         continues = (terminated[:, :-1] == 0) & self.valid[rows, slots[:, 1:]] & (steps[:, 1:] <= self.num_added - 2)
         returns, discounts, num_steps = n_step_targets(rewards, terminated, continues, self.gamma)
-        to_tensor = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
-        return Batch(
-            obs=to_tensor(self.stacks(env, t)),
-            actions=to_tensor(self.actions[env, t % self.ring]),
-            returns=to_tensor(returns),
-            discounts=to_tensor(discounts),
-            next_obs=to_tensor(self.stacks(env, t + num_steps)),
-        )
-
-    ARRAYS = ("frames", "game_start", "actions", "rewards", "terminated", "valid")
+        slot, next_slot = t % self.ring, (t + num_steps) % self.ring
+        batch = (self.obs[env, slot], self.actions[env, slot], returns, discounts, self.obs[env, next_slot])
+        return Batch(*(torch.from_numpy(array).to(self.device) for array in batch))
 
     def state_dict(self) -> dict:
-        """The stored steps as tensors sharing the arrays' memory: torch.save writes them without the full copy
-        that pickling a numpy array makes."""
+        """Tensors sharing the arrays' memory: torch.save writes them without the copy that pickling numpy makes."""
         return {**{name: torch.from_numpy(getattr(self, name)) for name in self.ARRAYS}, "num_added": self.num_added}
 
     def load_state_dict(self, state: dict) -> None:
-        for name in self.ARRAYS:
-            if tuple(state[name].shape) != getattr(self, name).shape:
-                raise SystemExit(f"error: --resume: the stored replay {name} has shape {tuple(state[name].shape)}")
+        for name in self.ARRAYS:  # the checkpoint's flags made the same shapes
             setattr(self, name, state[name].numpy())
         self.num_added = state["num_added"]
 
-    def add_history(self, stacks: np.ndarray) -> None:
-        """Starts an empty buffer in the middle of games (a resume without stored replay): the older frames of the
-        current stacks (num_envs, stack_num, ...) go in as slots that are not transitions, so that the stacks ending
-        at the next slots are rebuilt exactly."""
-        no = np.zeros(self.num_envs, dtype=bool)
-        for k in range(self.stack_num - 1):
-            self.add(stacks[:, k], no, no, no, no, valid=no)
 
-
-def replay_memory_bytes(args: Args, frame_shape: tuple, frame_dtype) -> int:
-    """Bytes of the arrays that ReplayBuffer allocates: per slot one frame, a bool game start, an int64 action, a
-    float32 reward, a float32 terminated flag and a bool valid flag."""
+def replay_memory_bytes(args: Args, obs_shape: tuple) -> int:
+    """Bytes of the arrays that ReplayBuffer allocates: per slot a float32 observation, an int64 action, a float32
+    reward, a float32 terminated flag and a bool valid flag."""
     slots = (args.buffer_size // args.num_envs) * args.num_envs
-    frame_bytes = int(np.prod(frame_shape)) * np.dtype(frame_dtype).itemsize
-    return slots * (frame_bytes + 1 + 8 + 4 + 4 + 1)
+    return slots * (int(np.prod(obs_shape)) * 4 + 8 + 4 + 4 + 1)
 
 
-def available_memory_bytes() -> int:
-    """MemAvailable of /proc/meminfo (free RAM plus what the kernel can reclaim), else the free physical pages."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def check_replay_memory(args: Args) -> None:
-    """Refuses, before anything is built, a replay that would not fit in RAM (numpy would fail or swap much later)."""
-    needed = replay_memory_bytes(args, envpool.make_spec(args.env_id).observation_space.shape, np.float32)
-    available = available_memory_bytes()
-    if needed > available:
-        raise SystemExit(
-            f"error: --buffer-size={args.buffer_size}: the replay needs about {needed / 1e9:,.1f} GB but "
-            f"{available / 1e9:,.1f} GB are available; lower --buffer-size"
-        )
-
-
-def quantile_huber_loss(
-    quantiles: torch.Tensor, taus: torch.Tensor, target_quantiles: torch.Tensor, kappa: float = 1.0
-) -> torch.Tensor:
+def quantile_huber_loss(quantiles, taus, target_quantiles, kappa: float = 1.0) -> torch.Tensor:
     """Quantile regression loss with a Huber core, per sample.
 
     quantiles (B, N) online Z_i at levels taus (B, N); target_quantiles (B, N') samples T_j of the target
@@ -326,9 +259,7 @@ def quantile_huber_loss(
     return (weight * huber / kappa).mean(dim=2).sum(dim=1)
 
 
-def n_step_targets(
-    rewards: np.ndarray, terminated: np.ndarray, continues: np.ndarray, gamma: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def n_step_targets(rewards, terminated, continues, gamma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """n-step returns of a batch of samples that start at steps t.
 
     rewards, terminated (B, n): reward and termination flag of steps t, ..., t + n - 1; continues (B, n - 1): whether
@@ -339,14 +270,13 @@ def n_step_targets(
     batch, n = rewards.shape
     taken = np.concatenate([np.ones((batch, 1), dtype=bool), np.cumprod(continues, axis=1, dtype=bool)], axis=1)
     num_steps = taken.sum(axis=1)
-    powers = gamma ** np.arange(n)
-    returns = (rewards * taken * powers).sum(axis=1)
+    returns = (rewards * taken * gamma ** np.arange(n)).sum(axis=1)
     last_terminated = terminated[np.arange(batch), num_steps - 1]
     discounts = gamma**num_steps * (1.0 - last_terminated)
     return returns.astype(np.float32), discounts.astype(np.float32), num_steps.astype(np.int64)
 
 
-def linear_schedule(start_e: float, end_e: float, duration: int, t: int) -> float:
+def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
     return max(end_e, start_e + (end_e - start_e) * t / duration)
 
 
@@ -355,147 +285,49 @@ def crossed(step: int, num_envs: int, every: int) -> int:
     return step // every - (step - num_envs) // every
 
 
-# Checkpoints. envpool cannot save its state, but it is deterministic given its seed and the actions: a checkpoint
-# holds the log of every action sent to envs.step, and a resume rebuilds the environments by replaying it.
-CHECKPOINT_VERSION = 1
-CHECKPOINT_KEYS = ("format_version", "script", "args", "run_name", "wandb_id", "global_step", "iteration",
-                   "num_updates", "q_network", "target_network", "optimizer", "rng", "scores", "episode_return",
-                   "episode_length", "obs_starts_game", "obs_is_last", "obs_ends_game", "obs", "action_log",
-                   "replay")  # fmt: skip
-RESUME_FLAGS = ("resume", "checkpoint_every", "cuda", "track")  # taken from the command line, the rest from the file
+def iqn_loss(q_network: QuantileNetwork, target_network: QuantileNetwork, data: Batch, args: Args):
+    """The quantile Huber loss of a batch against its n-step targets (mean over the batch), and the online quantiles
+    Z(o_t, a_t) at the N sampled levels (B, N)."""
+    N, N_prime, K, batch_size = args.num_tau_samples, args.num_tau_prime_samples, args.num_quantile_samples, len(data.obs)
+    with torch.no_grad():
+        # One target pass: K levels pick the greedy next action, N' levels give its return quantiles.
+        next_z = target_network(data.next_obs, torch.rand(batch_size, K + N_prime, device=data.obs.device))
+        next_actions = next_z[:, :K].mean(dim=1).argmax(dim=1)
+        next_quantiles = next_z[:, K:, :].gather(2, next_actions.view(-1, 1, 1).expand(-1, N_prime, 1))
+        target_quantiles = data.returns.unsqueeze(1) + data.discounts.unsqueeze(1) * next_quantiles.squeeze(2)
+    taus = torch.rand(batch_size, N, device=data.obs.device)
+    quantiles = q_network(data.obs, taus).gather(2, data.actions.view(-1, 1, 1).expand(-1, N, 1)).squeeze(2)
+    return quantile_huber_loss(quantiles, taus, target_quantiles, args.kappa).mean(), quantiles
 
 
-class StopRequest:
-    """Installs SIGINT/SIGTERM handlers: the first signal asks the loop to stop after the current step (it then
-    writes a checkpoint), a second one exits at once. `restore()` puts back the previous handlers, since main can be
-    called in-process."""
-
-    def __init__(self):
-        self.requested = False
-        self.previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def handle(self, signum, frame):
-        if self.requested:
-            self.restore()
-            raise KeyboardInterrupt
-        self.requested = True
-        print("stopping after this step; a second signal exits at once")
-
-    def restore(self):
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
+def act(q_network: QuantileNetwork, obs, epsilon: float, num_quantile_samples: int, warm_up: bool = False) -> np.ndarray:
+    """Epsilon-greedy actions (num_envs,) in the mean over K = num_quantile_samples quantiles; uniform in the warm-up."""
+    num_envs, num_actions = len(obs), q_network.head[-1].out_features
+    if warm_up:
+        return np.random.randint(num_actions, size=num_envs)
+    with torch.no_grad():
+        q = q_network.q_values(torch.as_tensor(obs, device=next(q_network.parameters()).device), num_quantile_samples)
+    actions = q.argmax(dim=1).cpu().numpy()
+    explore = np.random.rand(num_envs) < epsilon
+    actions[explore] = np.random.randint(num_actions, size=explore.sum())
+    return actions
 
 
-def rng_states(replay_rng: np.random.Generator) -> dict:
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "replay": replay_rng.bit_generator.state,
-    }
-
-
-def set_rng_states(states: dict, replay_rng: np.random.Generator) -> None:
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
-    if states["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-    replay_rng.bit_generator.state = states["replay"]
-
-
-def save_checkpoint(state: dict, path: str) -> str:
-    """Writes atomically: a run killed while writing keeps its previous checkpoint intact."""
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
-    return path
-
-
-def load_checkpoint(path: str) -> dict:
-    size, available = os.path.getsize(path), available_memory_bytes()
-    if size > available:
-        raise SystemExit(
-            f"error: --resume={path}: the checkpoint takes {size / 1e9:,.1f} GB but {available / 1e9:,.1f} GB are available"
-        )
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)  # holds numpy RNG states
-        if not isinstance(checkpoint, dict):
-            raise ValueError(f"holds a {type(checkpoint).__name__}, not a dict")
-        missing = [key for key in CHECKPOINT_KEYS if key not in checkpoint]
-        if missing:
-            raise ValueError(f"missing {', '.join(missing)}")
-        if checkpoint["format_version"] != CHECKPOINT_VERSION:
-            raise ValueError(f"format version {checkpoint['format_version']}, expected {CHECKPOINT_VERSION}")
-        if checkpoint["script"] != os.path.basename(__file__):
-            raise ValueError(f"written by {checkpoint['script']}")
-    except Exception as e:
-        raise SystemExit(f"error: --resume={path}: not a readable checkpoint ({e})") from None
-    return checkpoint
-
-
-def resumed_args(given: Args, saved: dict) -> Args:
-    """The checkpoint's args with this command's RESUME_FLAGS; says which other given flags are ignored."""
-    args = Args(**{**saved, **{name: getattr(given, name) for name in RESUME_FLAGS}})
-    defaults = Args()
-    ignored = [
-        f"--{name.replace('_', '-')}={getattr(given, name)}"
-        for name in saved
-        if name not in RESUME_FLAGS and getattr(given, name) not in (getattr(defaults, name), saved[name])
-    ]
-    if ignored:
-        print(f"--resume: the run continues with its saved flags; ignoring {' '.join(ignored)}")
-    return args
-
-
-def replay_actions(envs, action_log: np.ndarray, expected_obs: np.ndarray) -> np.ndarray:
-    """Steps freshly reset environments through the logged actions; returns the observation they reach."""
-    print(f"resume: replaying {len(action_log)} logged steps of the environments to restore their state")
-    obs = None
-    for actions in action_log:
-        obs, *_ = envs.step(actions.astype(np.int64))
-    if obs is None or not np.array_equal(obs, expected_obs):
-        raise SystemExit(
-            "error: --resume: environment replay diverged from the checkpoint's observation "
-            "(another envpool version or environment settings?)"
-        )
-    return obs
-
-
-def evaluate(
-    model_path: str,
-    env_id: str,
-    eval_episodes: int,
-    device: torch.device,
-    epsilon: float = 0.001,
-    num_quantile_samples: int = 32,
-    quantile_embedding_dim: int = 64,
-    hidden_dim: int = 64,
-    seed: int = 0,
-    capture_video: bool = False,
-    run_name: str = "eval",
-) -> list[float]:
-    """Plays `eval_episodes` episodes with an epsilon-greedy saved agent; returns their scores."""
-    if capture_video:
-        envs = gym.vector.SyncVectorEnv(
-            [lambda: gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"videos/{run_name}")]
-        )
+def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = "eval") -> list[float]:
+    """Plays `args.eval_episodes` episodes with the saved agent, epsilon-greedy with `args.eval_epsilon`; returns their
+    scores. The environments are seeded with `args.seed + 1`, apart from the training ones."""
+    seed = args.seed + 1
+    if args.capture_video:
+        envs = gym.vector.SyncVectorEnv([lambda: make_video_env(args.env_id, run_name)])
     else:
-        envs = make_env(env_id, 1, seed)
-    model = QuantileNetwork(
-        int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.n, quantile_embedding_dim, hidden_dim
-    ).to(device)
+        envs = make_env(args.env_id, 1, seed)
+    obs_dim, num_actions = int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.n
+    model = QuantileNetwork(obs_dim, num_actions, args.quantile_embedding_dim, args.hidden_size).to(device)
     model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
-    model.eval()
-    obs, _ = envs.reset(seed=seed) if capture_video else envs.reset()
+    obs, _ = envs.reset(seed=seed) if args.capture_video else envs.reset()
     scores, score = [], 0.0
-    while len(scores) < eval_episodes:
-        if random.random() < epsilon:
-            actions = np.array([envs.single_action_space.sample()])
-        else:
-            with torch.no_grad():
-                q = model.q_values(torch.as_tensor(obs, device=device), num_quantile_samples)
-            actions = q.argmax(dim=1).cpu().numpy()
+    while len(scores) < args.eval_episodes:
+        actions = act(model, obs, args.eval_epsilon, args.num_quantile_samples)
         obs, rewards, terminated, truncated, _ = envs.step(actions)
         score += float(rewards[0])  # the reset step between episodes has reward 0
         if terminated[0] or truncated[0]:
@@ -505,247 +337,102 @@ def evaluate(
     return scores
 
 
+CHECKPOINT_FORMAT = 2  # the layout of checkpoint.pt: a resume refuses files of another format
+
+
 def main(args: Args) -> list[float]:
+    args, checkpoint = resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    checkpoint = None
-    if args.resume is not None:
-        checkpoint = load_checkpoint(args.resume)
-        args = resumed_args(args, checkpoint["args"])
-    if checkpoint is None or checkpoint["replay"] is None:  # a stored replay is in memory already, as the buffer
-        check_replay_memory(args)
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    if checkpoint is not None:
-        run_name = checkpoint["run_name"]  # the same run directory and W&B run
-    if args.track:
-        import wandb
+    with Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+        seed_everything(args.seed, args.torch_deterministic)
+        device = pick_device(args.cuda, cpu_threads=1)  # a network this small only pays synchronization for threads
+        envs = make_env(args.env_id, args.num_envs, args.seed)
+        num_actions, obs_shape = envs.single_action_space.n, envs.single_observation_space.shape
+        network_sizes = (int(np.prod(obs_shape)), num_actions, args.quantile_embedding_dim, args.hidden_size)
+        q_network = QuantileNetwork(*network_sizes).to(device)
+        optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+        target_network = QuantileNetwork(*network_sizes).to(device)
+        target_network.load_state_dict(q_network.state_dict())
+        rng = np.random.default_rng(args.seed)  # the replay's sampling
+        rb = ReplayBuffer(args.buffer_size, args.num_envs, obs_shape, device, rng, args.n_step, args.gamma)
+        num_iterations = -(-args.total_timesteps // args.num_envs)
+        # Every action sent to envs.step, reset steps included: a resume replays them to rebuild the environments.
+        action_log = np.zeros((num_iterations, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
+        episode_stats = EpisodeStats(args.num_envs)
+        obs, _ = envs.reset()  # envpool is seeded at construction
+        is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
+        iteration = num_updates = 0
 
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            save_code=True,
-            id=checkpoint["wandb_id"] if checkpoint else None,
-            resume="allow" if checkpoint else None,
-        )
-    wandb_id = wandb.run.id if args.track else None
-    # On resume, TensorBoard drops the events the interrupted run logged after its checkpoint.
-    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] if checkpoint else None)
-    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
-    writer.add_text(
-        "hyperparameters",
-        "|param|value|\n|-|-|\n%s" % ("\n".join([f"|{key}|{value}|" for key, value in vars(args).items()])),
-    )
+        def checkpoint_state() -> dict:
+            return {
+                "q_network": q_network,
+                "target_network": target_network,
+                "optimizer": optimizer,
+                "rng": rng,
+                "episode_stats": episode_stats,
+                "action_log": action_log[:iteration],
+                "obs": obs,
+                "is_reset_step": is_reset_step,
+                "iteration": iteration,
+                "num_updates": num_updates,
+                **({"rb": rb} if args.checkpoint_replay else {}),
+            }
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if device.type == "cpu":
-        torch.set_num_threads(1)  # a network this small only pays synchronization for intra-op threads
+        learn_after = args.learning_starts  # global_step after which updates run
+        if checkpoint:
+            saved = run.restore({**checkpoint_state(), "action_log": action_log})  # the saved log fills its first rows
+            iteration, num_updates = saved["iteration"], saved["num_updates"]
+            obs = fast_forward(envs, action_log[:iteration], obs)
+            if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
+                learn_after = iteration * args.num_envs + args.learning_starts
+        global_step = iteration * args.num_envs
+        progress = Progress(args.total_timesteps, global_step)
+        while global_step < args.total_timesteps:
+            global_step += args.num_envs
+            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
+            actions = act(q_network, obs, epsilon, args.num_quantile_samples, warm_up=global_step <= args.learning_starts)
+            action_log[iteration] = actions
+            iteration += 1
+            next_obs, rewards, terminated, truncated, infos = envs.step(actions)
 
-    envs = make_env(args.env_id, args.num_envs, args.seed)
-    num_actions = envs.single_action_space.n
-    obs_shape = envs.single_observation_space.shape
+            # NEXT_STEP autoreset: after a last step, envpool's next step is a reset step, never a transition.
+            rb.add(obs, actions, rewards, terminated, valid=~is_reset_step)
+            episode_stats.update(rewards, is_reset_step, terminated | truncated, run.writer, global_step)  # time-outs too
+            is_reset_step = terminated | truncated
+            obs = next_obs
 
-    def make_network():
-        return QuantileNetwork(int(np.prod(obs_shape)), num_actions, args.quantile_embedding_dim, args.hidden_dim)
+            if global_step > learn_after:
+                if args.anneal_lr:
+                    optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
+                for _ in range(crossed(global_step, args.num_envs, args.train_frequency)):
+                    loss, quantiles = iqn_loss(q_network, target_network, rb.sample(args.batch_size), args)
+                    optimizer.zero_grad()
+                    loss.backward()
+                    run.clip_grad_norm(q_network.parameters(), float("inf"), global_step)  # stops on a NaN
+                    optimizer.step()
+                    num_updates += 1
+                    if num_updates % 100 == 0:
+                        run.writer.add_scalar("losses/quantile_loss", loss.item(), global_step)
+                        run.writer.add_scalar("losses/q_values", quantiles.mean().item(), global_step)
+                        run.writer.add_scalar("charts/epsilon", epsilon, global_step)
+                        run.writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+                        run.writer.add_scalar("charts/SPS", progress.sps(global_step), global_step)
+                if crossed(global_step, args.num_envs, args.target_network_frequency):
+                    target_network.load_state_dict(q_network.state_dict())
 
-    q_network = make_network().to(device)
-    optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps)
-    target_network = make_network().to(device)
-    target_network.load_state_dict(q_network.state_dict())
-    rb = ReplayBuffer(
-        args.buffer_size,
-        args.num_envs,
-        obs_shape,
-        np.float32,
-        STACK_NUM,
-        device,
-        np.random.default_rng(args.seed),
-        args.n_step,
-        args.gamma,
-    )
-    N, N_prime, K = args.num_tau_samples, args.num_tau_prime_samples, args.num_quantile_samples
-    num_iterations = -(-args.total_timesteps // args.num_envs)
-    # Every action sent to envs.step, reset steps included: a resume replays them to rebuild the environments.
-    action_log = np.zeros((num_iterations, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
+            progress.print(global_step, episode_stats.recent)
+            if run.checkpoint_or_stop(global_step, args.num_envs, global_step >= args.total_timesteps, checkpoint_state):
+                break
 
-    obs, _ = envs.reset()  # envpool is seeded at construction
-    obs_starts_game = np.ones(args.num_envs, dtype=bool)  # o_t is the first observation of a game
-    obs_is_last = np.zeros(args.num_envs, dtype=bool)  # the step that returned o_t ended an episode
-    obs_ends_game = np.zeros(args.num_envs, dtype=bool)  # ... and the game with it (no further life)
-    episode_return = np.zeros(args.num_envs)
-    episode_length = np.zeros(args.num_envs, dtype=np.int64)
-    scores: list[float] = []
-    global_step = iteration = num_updates = 0
-    learn_after = args.learning_starts  # global_step after which updates run
-    last_checkpoint = args.resume
-    if checkpoint is not None:
-        obs = replay_actions(envs, checkpoint["action_log"], checkpoint["obs"])
-        action_log[: len(checkpoint["action_log"])] = checkpoint["action_log"]
-        q_network.load_state_dict(checkpoint["q_network"])
-        target_network.load_state_dict(checkpoint["target_network"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        global_step, iteration, num_updates = (checkpoint[k] for k in ("global_step", "iteration", "num_updates"))
-        scores, episode_return, episode_length = (checkpoint[k] for k in ("scores", "episode_return", "episode_length"))
-        obs_starts_game, obs_is_last, obs_ends_game = (
-            checkpoint[k] for k in ("obs_starts_game", "obs_is_last", "obs_ends_game")
-        )
-        if checkpoint["replay"] is not None:
-            rb.load_state_dict(checkpoint["replay"])
-        else:  # an empty buffer: act until it holds learning_starts steps again
-            rb.add_history(obs)
-            learn_after = global_step + args.learning_starts
-        set_rng_states(checkpoint["rng"], rb.rng)
-        del checkpoint  # the replay arrays now belong to rb
-
-    def checkpoint_state() -> dict:
-        """Everything the loop needs to continue exactly from the current step."""
-        return {
-            "format_version": CHECKPOINT_VERSION,
-            "script": os.path.basename(__file__),
-            "args": vars(args),
-            "run_name": run_name,
-            "wandb_id": wandb_id,
-            "global_step": global_step,
-            "iteration": iteration,
-            "num_updates": num_updates,
-            "q_network": q_network.state_dict(),
-            "target_network": target_network.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "rng": rng_states(rb.rng),
-            "scores": scores,
-            "episode_return": episode_return,
-            "episode_length": episode_length,
-            "obs_starts_game": obs_starts_game,
-            "obs_is_last": obs_is_last,
-            "obs_ends_game": obs_ends_game,
-            "obs": obs,
-            "action_log": action_log[:iteration],
-            "replay": rb.state_dict() if args.checkpoint_replay else None,
-        }
-
-    # Installed only now, so that a failed setup leaves the caller's handlers in place.
-    stop = StopRequest()
-    start_step, start_time = global_step, time.time()
-    last_print = start_time
-    while global_step < args.total_timesteps:
-        global_step += args.num_envs
-        epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_steps, global_step)
-        if global_step <= args.learning_starts:
-            actions = np.random.randint(num_actions, size=args.num_envs)
-        else:
-            with torch.no_grad():
-                q = q_network.q_values(torch.as_tensor(obs, device=device), K)
-            actions = q.argmax(dim=1).cpu().numpy()
-            explore = np.random.rand(args.num_envs) < epsilon
-            actions[explore] = np.random.randint(num_actions, size=explore.sum())
-        action_log[iteration] = actions
-        iteration += 1
-        next_obs, rewards, terminated, truncated, infos = envs.step(actions)
-
-        # NEXT_STEP autoreset: after a last step, envpool's next step is a reset step, never a transition.
-        is_reset_step = obs_is_last
-        rb.add(obs, obs_starts_game, actions, rewards, terminated, valid=~is_reset_step)
-
-        # True game scores; time-limit truncations are logged too.
-        live = ~is_reset_step
-        episode_return += rewards * live
-        episode_length += live
-        game_over = terminated | truncated
-        for i in np.flatnonzero(game_over):
-            scores.append(float(episode_return[i]))
-            writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
-            writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
-        episode_return[game_over] = 0.0
-        episode_length[game_over] = 0
-        obs_starts_game = obs_ends_game
-        obs_is_last, obs_ends_game = terminated | truncated, game_over
-        obs = next_obs
-
-        if global_step > learn_after:
-            if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
-            for _ in range(crossed(global_step, args.num_envs, args.train_frequency)):
-                data = rb.sample(args.batch_size)
-                with torch.no_grad():
-                    # One target pass: K levels pick the greedy next action, N' levels give its return quantiles.
-                    next_z = target_network(data.next_obs, torch.rand(args.batch_size, K + N_prime, device=device))
-                    next_actions = next_z[:, :K].mean(dim=1).argmax(dim=1)
-                    next_quantiles = next_z[:, K:, :].gather(2, next_actions.view(-1, 1, 1).expand(-1, N_prime, 1))
-                    target_quantiles = data.returns.unsqueeze(1) + data.discounts.unsqueeze(1) * next_quantiles.squeeze(2)
-                taus = torch.rand(args.batch_size, N, device=device)
-                z = q_network(data.obs, taus)
-                quantiles = z.gather(2, data.actions.view(-1, 1, 1).expand(-1, N, 1)).squeeze(2)
-                loss = quantile_huber_loss(quantiles, taus, target_quantiles, args.kappa).mean()
-                optimizer.zero_grad()
-                loss.backward()
-                try:  # a NaN or inf in the loss or the Q-values reaches the gradient norm: never step on it
-                    nn.utils.clip_grad_norm_(q_network.parameters(), float("inf"), error_if_nonfinite=True)
-                except RuntimeError:
-                    stop.restore()
-                    envs.close()
-                    writer.close()
-                    raise SystemExit(
-                        f"error: non-finite loss or Q-values at step {global_step}; "
-                        f"last good checkpoint: {last_checkpoint or 'none written'}"
-                    ) from None
-                optimizer.step()
-                num_updates += 1
-                if num_updates % 100 == 0:
-                    writer.add_scalar("losses/quantile_loss", loss.item(), global_step)
-                    writer.add_scalar("losses/q_values", quantiles.mean().item(), global_step)
-                    writer.add_scalar("charts/epsilon", epsilon, global_step)
-                    writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-                    sps = int((global_step - start_step) / (time.time() - start_time))
-                    writer.add_scalar("charts/SPS", sps, global_step)
-            if crossed(global_step, args.num_envs, args.target_network_frequency):
-                target_network.load_state_dict(q_network.state_dict())
-
-        if time.time() - last_print > 10:
-            last_print = time.time()
-            sps = int((global_step - start_step) / (last_print - start_time))
-            mean = np.mean(scores[-100:]) if scores else float("nan")
-            eta = time.strftime("%H:%M:%S", time.gmtime((args.total_timesteps - global_step) / max(sps, 1)))
-            print(f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {mean:8.2f} | ETA {eta}")
-
-        periodic = args.checkpoint_every > 0 and (
-            crossed(global_step, args.num_envs, args.checkpoint_every) or global_step >= args.total_timesteps
-        )
-        if stop.requested or periodic:
-            last_checkpoint = save_checkpoint(checkpoint_state(), checkpoint_path)
-        if stop.requested:
-            print(f"checkpoint saved to {checkpoint_path}; resume with: python {__file__} --resume {checkpoint_path}")
-            break
-
-    stop.restore()
-    envs.close()
-    if args.save_model and not stop.requested:
-        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-        torch.save(q_network.state_dict(), model_path)
-        print(f"model saved to {model_path}")
-        eval_scores = evaluate(
-            model_path,
-            args.env_id,
-            args.eval_episodes,
-            device,
-            epsilon=args.eval_epsilon,
-            num_quantile_samples=K,
-            quantile_embedding_dim=args.quantile_embedding_dim,
-            hidden_dim=args.hidden_dim,
-            seed=args.seed + 1,
-            capture_video=args.capture_video,
-            run_name=run_name,
-        )
-        for idx, score in enumerate(eval_scores):
-            writer.add_scalar("eval/episodic_return", score, idx)
-    writer.close()
-    if args.track:
-        wandb.finish()
-    return scores
+        envs.close()
+        if args.save_model and not run.stopped:
+            model_path = f"{run.dir}/{args.exp_name}.cleanrl_model"
+            torch.save(q_network.state_dict(), model_path)
+            print(f"model saved to {model_path}")
+            eval_scores = evaluate(model_path, args, device, run.name)
+            for idx, score in enumerate(eval_scores):
+                run.writer.add_scalar("eval/episodic_return", score, idx)
+    return episode_stats.scores
 
 
 if __name__ == "__main__":

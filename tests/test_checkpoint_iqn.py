@@ -12,11 +12,11 @@ from interrupts import interrupt_at_step
 
 # CartPole with small nets: learning starts at step 200, one update per iteration of the 4 environments.
 SMALL = dict(total_timesteps=2000, num_envs=4, learning_starts=200, buffer_size=2000, batch_size=32,
-             hidden_dim=16, quantile_embedding_dim=16, num_quantile_samples=8, target_network_frequency=100,
-             exploration_steps=1000, cuda=False)  # fmt: skip
+             hidden_size=16, quantile_embedding_dim=16, num_quantile_samples=8, target_network_frequency=100,
+             exploration_fraction=0.5, cuda=False)  # fmt: skip
 ATARI_TINY = dict(total_timesteps=240, num_envs=2, learning_starts=160, buffer_size=400, batch_size=4,
-                  num_tau_samples=8, num_tau_prime_samples=8, num_quantile_samples=8, hidden_dim=32,
-                  target_network_frequency=40, exploration_steps=100, eval_episodes=0, cuda=False)  # fmt: skip
+                  num_tau_samples=8, num_tau_prime_samples=8, num_quantile_samples=8, hidden_size=32,
+                  target_network_frequency=40, exploration_fraction=0.4, eval_episodes=0, cuda=False)  # fmt: skip
 
 
 def checkpoint_path(root):
@@ -26,6 +26,16 @@ def checkpoint_path(root):
 
 def load(path):
     return torch.load(path, weights_only=False)
+
+
+def tb_scalars(root):
+    """Every scalar (but SPS) of the one run under root/runs, as {tag: [(step, value), ...]}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(checkpoint_path(root).parent), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = [tag for tag in acc.Tags()["scalars"] if tag != "charts/SPS"]
+    return {tag: [(event.step, event.value) for event in acc.Scalars(tag)] for tag in tags}
 
 
 def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
@@ -39,10 +49,10 @@ def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
     path = checkpoint_path(tmp_path)
     assert not path.with_suffix(".pt.tmp").exists()
     assert not (path.parent / "iqn.cleanrl_model").exists()  # an interrupted run is not saved as a model
-    ckpt = load(path)
-    assert ckpt["global_step"] == 200 and ckpt["iteration"] == 50  # stopped after the step that got the signal
-    assert ckpt["action_log"].shape == (50, 4) and ckpt["action_log"].dtype == np.uint8
-    assert ckpt["replay"] is None and ckpt["scores"] == scores
+    ckpt, state = load(path), load(path)["state"]
+    assert ckpt["global_step"] == 200 and state["iteration"] == 50  # stopped after the step that got the signal
+    assert state["action_log"].shape == (50, 4) and state["action_log"].dtype == np.uint8
+    assert "rb" not in state and state["episode_stats"]["scores"] == scores
 
 
 def test_resume_is_bitwise_exact(tmp_path, monkeypatch):
@@ -63,13 +73,16 @@ def test_resume_is_bitwise_exact(tmp_path, monkeypatch):
     final_b = load(path)
 
     assert final_a["global_step"] == final_b["global_step"] == 2000
-    assert scores_a == scores_b and final_a["scores"] == final_b["scores"]
+    state_a, state_b = final_a["state"], final_b["state"]
+    assert scores_a == scores_b and state_a["episode_stats"]["scores"] == state_b["episode_stats"]["scores"]
     for name in ("q_network", "target_network"):
-        for key, value in final_a[name].items():
-            assert torch.equal(value, final_b[name][key]), (name, key)
-    assert final_a["num_updates"] == final_b["num_updates"]
-    assert np.array_equal(final_a["action_log"], final_b["action_log"])
-    assert final_a["rng"]["replay"] == final_b["rng"]["replay"]
+        for key, value in state_a[name].items():
+            assert torch.equal(value, state_b[name][key]), (name, key)
+    assert state_a["num_updates"] == state_b["num_updates"]
+    assert np.array_equal(state_a["action_log"], state_b["action_log"])
+    assert state_a["rng"] == state_b["rng"]
+    # The resumed run appends to the interrupted run's TensorBoard log: together they log what run a logged.
+    assert tb_scalars(tmp_path / "a") == tb_scalars(tmp_path / "b")
 
 
 def test_resume_without_replay_refills_the_buffer(tmp_path, monkeypatch):
@@ -78,12 +91,12 @@ def test_resume_without_replay_refills_the_buffer(tmp_path, monkeypatch):
         interrupt_at_step(m, iqn, 100)  # step 400: learning has started, the buffer is not stored
         iqn.main(iqn.Args(**dict(SMALL, total_timesteps=1000)))
     path = checkpoint_path(tmp_path)
-    updates_before = load(path)["num_updates"]
+    updates_before = load(path)["state"]["num_updates"]
     scores = iqn.main(iqn.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
     final = load(path)
-    assert final["global_step"] == 1000 and len(scores) == len(final["scores"])
+    assert final["global_step"] == 1000 and scores == final["state"]["episode_stats"]["scores"]
     # Steps 404..600 refill the empty buffer (learning_starts = 200 more steps), then one update per iteration.
-    assert final["num_updates"] == updates_before + (1000 - 600) // 4
+    assert final["state"]["num_updates"] == updates_before + (1000 - 600) // 4
 
 
 def test_seeded_runs_are_reproducible(tmp_path, monkeypatch):
@@ -132,7 +145,7 @@ def test_nan_loss_stops_without_checkpointing_the_broken_network(tmp_path, monke
         iqn.main(iqn.Args(**SMALL, checkpoint_every=100))
     ckpt = load(checkpoint_path(tmp_path))
     assert ckpt["global_step"] == 200
-    assert all(torch.isfinite(v).all() for v in ckpt["q_network"].values())
+    assert all(torch.isfinite(v).all() for v in ckpt["state"]["q_network"].values())
     calls.clear()
     with pytest.raises(SystemExit, match="at step 212; last good checkpoint: none written"):
         iqn.main(iqn.Args(**SMALL))
@@ -151,13 +164,14 @@ def test_oversized_buffer_is_refused_before_envs_are_built(module, tmp_path, mon
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("module, frame_shape, frame_dtype", [(iqn, (4,), np.float32), (iqn_atari, (84, 84), np.uint8)])
-def test_replay_memory_estimate_matches_the_allocated_arrays(module, frame_shape, frame_dtype):
-    args = module.Args(buffer_size=1003, num_envs=4)  # 250 slots per environment: 1000 in all
-    rb = module.ReplayBuffer(1003, 4, frame_shape, frame_dtype, module.STACK_NUM, "cpu", np.random.default_rng(0))
-    names = ("frames", "game_start", "actions", "rewards", "terminated", "valid")
-    allocated = sum(getattr(rb, name).nbytes for name in names)
-    assert module.replay_memory_bytes(args, frame_shape, frame_dtype) == allocated
+def test_replay_memory_estimate_matches_the_allocated_arrays():
+    rng = np.random.default_rng(0)
+    args = iqn.Args(buffer_size=1003, num_envs=4)  # 250 slots per environment: 1000 in all
+    rb = iqn.ReplayBuffer(1003, 4, (4,), "cpu", rng)
+    assert iqn.replay_memory_bytes(args, (4,)) == sum(getattr(rb, name).nbytes for name in rb.ARRAYS) == 1000 * 33
+    args = iqn_atari.Args(buffer_size=1003, num_envs=4)
+    rb = iqn_atari.ReplayBuffer(1003, 4, (84, 84), 4, "cpu", rng)
+    assert iqn_atari.replay_memory_bytes(args, (84, 84)) == sum(getattr(rb, name).nbytes for name in rb.ARRAYS)
 
 
 def test_atari_sigint_checkpoint_and_resume_without_replay(tmp_path, monkeypatch):
@@ -167,7 +181,7 @@ def test_atari_sigint_checkpoint_and_resume_without_replay(tmp_path, monkeypatch
         iqn_atari.main(iqn_atari.Args(**ATARI_TINY))
     path = checkpoint_path(tmp_path)
     ckpt = load(path)
-    assert ckpt["global_step"] == 180 and ckpt["obs"].shape == (2, 4, 84, 84) and ckpt["replay"] is None
+    assert ckpt["global_step"] == 180 and ckpt["state"]["obs"].shape == (2, 4, 84, 84) and "rb" not in ckpt["state"]
     # The resume replays the 90 logged steps of Breakout and checks that it reaches the stored frames.
     scores = iqn_atari.main(iqn_atari.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
     assert isinstance(scores, list) and load(path)["global_step"] == 240
@@ -186,18 +200,18 @@ def test_atari_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
         iqn_atari.main(iqn_atari.Args(**flags))
     path = checkpoint_path(tmp_path / "b")
     scores_b = iqn_atari.main(iqn_atari.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
-    final_b = load(path)
-    assert final_a["num_updates"] == final_b["num_updates"] > 0 and scores_a == scores_b
-    for key, value in final_a["q_network"].items():
-        assert torch.equal(value, final_b["q_network"][key]), key
-    assert torch.equal(final_a["replay"]["frames"], final_b["replay"]["frames"])
+    state_a, state_b = final_a["state"], load(path)["state"]
+    assert state_a["num_updates"] == state_b["num_updates"] > 0 and scores_a == scores_b
+    for key, value in state_a["q_network"].items():
+        assert torch.equal(value, state_b["q_network"][key]), key
+    assert torch.equal(state_a["rb"]["frames"], state_b["rb"]["frames"])
 
 
 def test_add_history_rebuilds_the_current_stack():
     # A resume without stored replay starts an empty frame-once buffer in the middle of games.
     for stack, starts_game in [([5, 6, 7, 8], False), ([5, 5, 6, 7], False), ([5, 5, 5, 5], True)]:
         obs = np.array(stack, dtype=np.uint8).reshape(1, 4, 1, 1) * np.ones((1, 4, 2, 2), dtype=np.uint8)
-        rb = iqn_atari.ReplayBuffer(20, 1, (2, 2), np.uint8, 4, "cpu", np.random.default_rng(0))
+        rb = iqn_atari.ReplayBuffer(20, 1, (2, 2), 4, "cpu", np.random.default_rng(0))
         rb.add_history(obs)
         one, no = np.ones(1, dtype=bool), np.zeros(1, dtype=bool)
         rb.add(obs[:, -1], np.array([starts_game]), np.array([1]), np.array([1.0]), np.array([0.0]), valid=one)

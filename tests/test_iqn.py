@@ -91,7 +91,7 @@ def test_cosine_embedding(module):
 
 def test_quantile_network_shapes_and_modulation():
     torch.manual_seed(0)
-    net = iqn.QuantileNetwork(4, 3, embedding_dim=64, hidden_dim=16)
+    net = iqn.QuantileNetwork(4, 3, embedding_dim=64, hidden_size=16)
     x = torch.randn(5, 4)
     taus = torch.rand(5, 7)
     z = net(x, taus)
@@ -101,7 +101,7 @@ def test_quantile_network_shapes_and_modulation():
     assert torch.allclose(same, same[:, :1].expand(-1, 7, -1))
     assert not torch.allclose(z[:, 0], z[:, 1])
     assert net.q_values(x, 32).shape == (5, 3)
-    atari_net = iqn_atari.QuantileNetwork(4, embedding_dim=64, hidden_dim=32)
+    atari_net = iqn_atari.QuantileNetwork(4, embedding_dim=64, hidden_size=32)
     assert atari_net(torch.zeros(2, 4, 84, 84, dtype=torch.uint8), torch.rand(2, 3)).shape == (2, 3, 4)
     assert atari_net.tau_embedding[0].out_features == 3136  # phi(tau) matches the CNN features psi(x)
 
@@ -116,7 +116,7 @@ def run_replay_against_naive(num_envs, ring, steps, max_episode_steps, seed):
         "Breakout-v5", env_type="gymnasium", num_envs=num_envs, seed=seed, stack_num=4, episodic_life=True,
         reward_clip=True, max_episode_steps=max_episode_steps, noop_max=30, repeat_action_probability=0.0,
     )  # fmt: skip
-    rb = iqn_atari.ReplayBuffer(num_envs * ring, num_envs, (84, 84), np.uint8, 4, "cpu", np.random.default_rng(0))
+    rb = iqn_atari.ReplayBuffer(num_envs * ring, num_envs, (84, 84), 4, "cpu", np.random.default_rng(0))
     rng = np.random.default_rng(seed)
     naive = {}  # (env, t) -> (obs stack, action, reward, terminated, is a real transition)
     obs, _ = envs.reset()
@@ -179,14 +179,14 @@ def test_replay_stacks_before_the_ring_fills():
 
 
 def test_vector_replay_sample_excludes_reset_steps():
-    rb = iqn.ReplayBuffer(20, 1, (2,), np.float32, 1, "cpu", np.random.default_rng(0))
+    rb = iqn.ReplayBuffer(20, 1, (2,), "cpu", np.random.default_rng(0))
     for t in range(30):  # an episode ends at every 5th step; the step after it is a reset step
-        rb.add(np.array([[t, -t]], dtype=np.float32), np.array([t % 6 == 0]), np.array([t % 2]), np.array([1.0]),
+        rb.add(np.array([[t, -t]], dtype=np.float32), np.array([t % 2]), np.array([1.0]),
                np.array([float(t % 6 == 4)]), valid=np.array([t % 6 != 5]))  # fmt: skip
     seen = set()
     for _ in range(50):
         batch = rb.sample(16)
-        obs, next_obs = batch.obs[:, 0, 0].numpy(), batch.next_obs[:, 0, 0].numpy()
+        obs, next_obs = batch.obs[:, 0].numpy(), batch.next_obs[:, 0].numpy()
         assert np.array_equal(next_obs, obs + 1)
         assert not np.any(obs % 6 == 5)  # (s_last, a, 0, s_first) is never sampled
         assert np.all(obs >= 30 - 20) and np.all(obs <= 28)  # overwritten and unfinished steps are not sampled
@@ -218,15 +218,15 @@ def test_n_step_samples_stop_at_episode_ends(time_out):
     # The same episodes as above (ends at every t % 6 == 4, the step after it is a reset step), with reward t at
     # step t, sampled as 3-step returns: a sample never reaches past its episode's end or the newest stored step.
     # A terminated episode cuts the bootstrap; one cut by a time-out bootstraps from its last observation.
-    rb = iqn.ReplayBuffer(20, 1, (1,), np.float32, 1, "cpu", np.random.default_rng(0), n_step=3, gamma=0.5)
+    rb = iqn.ReplayBuffer(20, 1, (1,), "cpu", np.random.default_rng(0), n_step=3, gamma=0.5)
     for t in range(30):
         terminated = t % 6 == 4 and not time_out
-        rb.add(np.array([[t]], dtype=np.float32), np.array([t % 6 == 0]), np.array([0]), np.array([float(t)]),
+        rb.add(np.array([[t]], dtype=np.float32), np.array([0]), np.array([float(t)]),
                np.array([float(terminated)]), valid=np.array([t % 6 != 5]))  # fmt: skip
     for _ in range(20):
         batch = rb.sample(16)
-        for t, ret, discount, next_t in zip(batch.obs[:, 0, 0].tolist(), batch.returns.tolist(),
-                                            batch.discounts.tolist(), batch.next_obs[:, 0, 0].tolist()):  # fmt: skip
+        for t, ret, discount, next_t in zip(batch.obs[:, 0].tolist(), batch.returns.tolist(),
+                                            batch.discounts.tolist(), batch.next_obs[:, 0].tolist()):  # fmt: skip
             t = int(t)
             m = min(3, 4 - t % 6 + 1, 28 - t + 1)  # to the terminal step t % 6 == 4, or to the newest step (28)
             assert next_t == t + m
@@ -235,7 +235,7 @@ def test_n_step_samples_stop_at_episode_ends(time_out):
 
 
 def test_replay_resident_memory_is_one_frame_per_transition():
-    rb = iqn_atari.ReplayBuffer(10_000, 4, (84, 84), np.uint8, 4, "cpu", np.random.default_rng(0))
+    rb = iqn_atari.ReplayBuffer(10_000, 4, (84, 84), 4, "cpu", np.random.default_rng(0))
     total = sum(a.nbytes for a in (rb.frames, rb.game_start, rb.actions, rb.rewards, rb.terminated, rb.valid))
     assert total == 10_000 * (84 * 84 + 1 + 8 + 4 + 4 + 1)
 
@@ -252,6 +252,8 @@ def test_replay_resident_memory_is_one_frame_per_transition():
         (iqn, {"batch_size": 64, "learning_starts": 10}, "--learning-starts"),
         (iqn_atari, {"buffer_size": 8, "learning_starts": 32}, "--buffer-size"),
         (iqn_atari, {"num_tau_samples": 0}, "--num-tau-samples"),
+        (iqn, {"exploration_fraction": 0.0}, "--exploration-fraction"),
+        (iqn, {"checkpoint_every": -1}, "--checkpoint-every"),
         (iqn, {"n_step": 0}, "--n-step"),
         (iqn_atari, {"n_step": 0}, "--n-step"),
     ],
@@ -266,7 +268,7 @@ def test_bad_flags_exit_with_a_clear_message(module, overrides, flag, tmp_path, 
 def test_smoke_iqn(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = iqn.Args(total_timesteps=800, num_envs=2, learning_starts=200, buffer_size=400, batch_size=16,
-                    target_network_frequency=100, exploration_steps=400, save_model=True, eval_episodes=2)  # fmt: skip
+                    target_network_frequency=100, exploration_fraction=0.5, save_model=True, eval_episodes=2)  # fmt: skip
     scores = iqn.main(args)
     assert isinstance(scores, list) and len(scores) > 10
     assert all(np.isfinite(scores)) and all(1 <= s <= 500 for s in scores)
@@ -280,8 +282,8 @@ def test_smoke_iqn(tmp_path, monkeypatch):
 def test_smoke_iqn_atari(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = iqn_atari.Args(total_timesteps=240, num_envs=2, learning_starts=160, buffer_size=400, batch_size=4,
-                          num_tau_samples=8, num_tau_prime_samples=8, num_quantile_samples=8, hidden_dim=32,
-                          target_network_frequency=40, exploration_steps=100, save_model=True, eval_episodes=0)  # fmt: skip
+                          num_tau_samples=8, num_tau_prime_samples=8, num_quantile_samples=8, hidden_size=32,
+                          target_network_frequency=40, exploration_fraction=0.4, save_model=True, eval_episodes=0)  # fmt: skip
     scores = iqn_atari.main(args)
     assert isinstance(scores, list)
     (run_dir,) = (tmp_path / "runs").iterdir()
