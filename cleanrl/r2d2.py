@@ -11,20 +11,30 @@ Docs: docs/rl-algorithms/r2d2.md
 """
 
 import os
-import random
-import signal
-import time
-from dataclasses import dataclass, replace
-from typing import Optional
+from dataclasses import dataclass
 
 import envpool
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
-from torch.utils.tensorboard import SummaryWriter
+
+from cleanrl_q_utils.plumbing import (
+    EpisodeStats,
+    Progress,
+    Run,
+    check_env_id,
+    check_flags,
+    check_memory,
+    fast_forward,
+    make_video_env,
+    pick_device,
+    resume,
+    seed_everything,
+)
+
+CHECKPOINT_FORMAT = 2
 
 
 @dataclass
@@ -41,7 +51,7 @@ class Args:
     """if toggled, the experiment is tracked with Weights and Biases"""
     wandb_project_name: str = "cleanrl-q"
     """the wandb project name"""
-    wandb_entity: Optional[str] = None
+    wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
     capture_video: bool = False
     """whether to record videos of the evaluation episodes to `videos/`"""
@@ -80,34 +90,61 @@ class Args:
     """Adam epsilon"""
     max_grad_norm: float = 40.0
     """global gradient-norm clip"""
-    target_update_interval: int = 100
-    """learner updates between copies of the online network into the target network"""
+    target_network_frequency: int = 100
+    """learner updates (not environment steps) between copies of the online network into the target network"""
     replay_ratio: float = 16.0
     """average number of times each collected step is replayed as a trained (non burn-in) step"""
-    priority_exponent: float = 0.9
+    prioritized_replay_alpha: float = 0.9
     """priority exponent alpha of prioritized replay"""
-    importance_exponent: float = 0.6
+    prioritized_replay_beta: float = 0.6
     """importance-sampling exponent beta (constant)"""
     priority_eta: float = 0.9
     """mix of max and mean absolute TD error in a sequence's priority"""
-    base_epsilon: float = 0.4
-    """base of the per-actor epsilons eps_i = base^(1 + alpha i / (N - 1))"""
+    start_e: float = 0.4
+    """base of the per-actor epsilons eps_i = base^(1 + alpha i / (N - 1)) at the start"""
     epsilon_alpha: float = 7.0
     """exponent range alpha of the per-actor epsilons"""
-    final_base_epsilon: float = 0.05
-    """base epsilon at the end of its linear decay"""
-    epsilon_decay_fraction: float = 0.5
-    """fraction of training over which the base epsilon decays linearly to `final_base_epsilon`"""
-    hidden_size: int = 128
-    """units of the LSTM and of each dueling head"""
+    end_e: float = 0.05
+    """base of the per-actor epsilons at the end of its linear decay"""
+    exploration_fraction: float = 0.5
+    """fraction of total-timesteps over which the base of the epsilons decays linearly from start-e to end-e"""
+    lstm_size: int = 128
+    """units of the LSTM, of the torso before it and of each dueling head"""
     log_interval: int = 100
     """learner updates between logged losses"""
     checkpoint_every: int = 0
     """write a resumable checkpoint every this many agent steps (0: only when a SIGINT/SIGTERM stops the run)"""
     checkpoint_replay: bool = False
     """also store the replay buffer in checkpoints (large, but the resumed run is then exact)"""
-    resume: Optional[str] = None
+    resume: str | None = None
     """continue the run saved in this checkpoint, in the same run directory (and W&B run)"""
+
+
+def validate_args(args: Args) -> None:
+    spec = check_env_id(args.env_id)
+    min_buffer = args.num_envs * 2 * (args.seq_len + args.n_step)
+    max_n_step = args.seq_len - args.burn_in
+    checks = [
+        ("mask_velocity", True, not args.mask_velocity or args.env_id.startswith("CartPole"), "only for CartPole"),
+        ("num_envs", args.num_envs, args.num_envs >= 1, "at least 1"),
+        ("seq_len", args.seq_len, args.seq_len >= 2, "at least 2"),
+        ("burn_in", args.burn_in, 0 <= args.burn_in < args.seq_len, f"0 <= burn-in < --seq-len={args.seq_len}"),
+        ("overlap", args.overlap, 0 <= args.overlap < args.seq_len, f"0 <= overlap < --seq-len={args.seq_len}"),
+        ("n_step", args.n_step, 1 <= args.n_step <= max_n_step, f"1 <= n-step <= seq-len - burn-in = {max_n_step}"),
+        ("batch_size", args.batch_size, args.batch_size >= 1, "at least 1"),
+        ("buffer_size", args.buffer_size, args.buffer_size >= min_buffer, f"at least {min_buffer}: two windows per env"),
+        ("replay_ratio", args.replay_ratio, args.replay_ratio > 0, "> 0"),
+        ("target_network_frequency", args.target_network_frequency, args.target_network_frequency >= 1, "at least 1"),
+        ("start_e", args.start_e, 0 <= args.start_e <= 1, "in [0, 1]"),
+        ("end_e", args.end_e, 0 <= args.end_e <= 1, "in [0, 1]"),
+        ("exploration_fraction", args.exploration_fraction, 0 <= args.exploration_fraction <= 1, "in [0, 1]"),
+        ("priority_eta", args.priority_eta, 0 <= args.priority_eta <= 1, "in [0, 1]"),
+        ("total_timesteps", args.total_timesteps, args.total_timesteps >= args.num_envs, "at least --num-envs"),
+        ("checkpoint_every", args.checkpoint_every, args.checkpoint_every >= 0, "at least 0 (0: only on a signal)"),
+    ]
+    check_flags(checks)
+    obs_shape = observe(np.zeros((1, *spec.observation_space.shape)), args.mask_velocity).shape[1:]
+    check_memory(replay_memory_bytes(args, obs_shape, np.float32), "the replay", f"--buffer-size={args.buffer_size}")
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
@@ -122,20 +159,20 @@ def observe(obs: np.ndarray, mask_velocity: bool) -> np.ndarray:
 class QNetwork(nn.Module):
     """Torso -> LSTM (input also gets the previous reward and one-hot previous action) -> dueling heads."""
 
-    def __init__(self, obs_dim: int, num_actions: int, hidden_size: int):
+    def __init__(self, obs_dim: int, num_actions: int, lstm_size: int):
         super().__init__()
         self.num_actions = num_actions
-        self.torso = nn.Sequential(nn.Linear(obs_dim, hidden_size), nn.ReLU())
-        self.lstm = nn.LSTM(hidden_size + num_actions + 1, hidden_size)
-        self.value = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
-        self.advantage = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
+        self.torso = nn.Sequential(nn.Linear(obs_dim, lstm_size), nn.ReLU())
+        self.lstm = nn.LSTM(lstm_size + num_actions + 1, lstm_size)
+        self.value = nn.Sequential(nn.Linear(lstm_size, lstm_size), nn.ReLU(), nn.Linear(lstm_size, 1))
+        self.advantage = nn.Sequential(nn.Linear(lstm_size, lstm_size), nn.ReLU(), nn.Linear(lstm_size, num_actions))
 
     def forward(self, obs, prev_action, prev_reward, is_first, state):
         """obs (T, B, ...), prev_action (T, B) long (-1: none), prev_reward (T, B), is_first (T, B) bool,
         state = (h, c) each (B, H). Returns q (T, B, A) and the final state."""
         steps, batch = is_first.shape
         features = self.torso(obs.flatten(0, 1)).view(steps, batch, -1)
-        one_hot = F.one_hot(prev_action.clamp(min=0), self.num_actions) * (prev_action >= 0).unsqueeze(-1)
+        one_hot = nn.functional.one_hot(prev_action.clamp(min=0), self.num_actions) * (prev_action >= 0).unsqueeze(-1)
         x = torch.cat([features, one_hot.float(), prev_reward.unsqueeze(-1)], dim=-1)
         # the state restarts from zero at an episode's first observation; episodes only begin in a sequence's
         # first steps, so the LSTM runs fused over the few segments between those positions
@@ -191,8 +228,7 @@ class SumTree:
 
 
 def max_sequences(capacity: int, num_envs: int, stride: int, window: int) -> int:
-    """Sequence slots of the replay: short episodes start more windows than one per stride, so room for twice
-    that many."""
+    """Sequence slots of the replay: twice one window per stride, as short episodes start more windows."""
     return 2 * capacity // stride + 4 * num_envs * (window // stride + 2)
 
 
@@ -204,77 +240,40 @@ class SequenceReplay:
     outside [lo, hi) are padding. The first windows of an episode reach back before it (lo >= 0, zero state), so
     its first steps are trained too, not only used as burn-in."""
 
-    def __init__(
-        self, num_envs, capacity, obs_shape, obs_dtype, hidden_size, seq_len, burn_in, overlap, n_step, priority_exponent
-    ):
-        self.num_envs, self.steps = num_envs, capacity // num_envs
-        self.seq_len, self.burn_in, self.stride, self.window = seq_len, burn_in, seq_len - overlap, seq_len + n_step
-        self.priority_exponent = priority_exponent
+    def __init__(self, args: Args, obs_shape: tuple, obs_dtype):
+        self.num_envs, self.steps = args.num_envs, args.buffer_size // args.num_envs
+        shape = (self.num_envs, self.steps)  # one ring of slots per environment
+        self.seq_len, self.burn_in = args.seq_len, args.burn_in
+        self.stride, self.window = args.seq_len - args.overlap, args.seq_len + args.n_step
+        self.prioritized_replay_alpha = args.prioritized_replay_alpha
+        self.save_arrays = args.checkpoint_replay  # whether checkpoints hold the stored steps and sequences
         self.history = 1  # slots read before a window: the previous action and reward
-        self.obs = np.zeros((num_envs, self.steps, *obs_shape), dtype=obs_dtype)
-        self.actions = np.zeros((num_envs, self.steps), dtype=np.uint8)
-        self.rewards = np.zeros((num_envs, self.steps), dtype=np.float32)
-        self.terminated = np.zeros((num_envs, self.steps), dtype=bool)
-        self.truncated = np.zeros((num_envs, self.steps), dtype=bool)
-        self.max_seqs = max_sequences(capacity, num_envs, self.stride, self.window)
-        self.seq_env = np.zeros(self.max_seqs, dtype=np.int64)
-        self.seq_start = np.zeros(self.max_seqs, dtype=np.int64)  # absolute step of position 0
-        self.seq_lo = np.zeros(self.max_seqs, dtype=np.int64)
-        self.seq_hi = np.zeros(self.max_seqs, dtype=np.int64)
-        self.seq_h = np.zeros((self.max_seqs, hidden_size), dtype=np.float32)
-        self.seq_c = np.zeros((self.max_seqs, hidden_size), dtype=np.float32)
+        self.obs = np.zeros((*shape, *obs_shape), dtype=obs_dtype)
+        self.actions = np.zeros(shape, dtype=np.uint8)
+        self.rewards = np.zeros(shape, dtype=np.float32)
+        self.terminated, self.truncated = np.zeros((2, *shape), dtype=bool)
+        self.max_seqs = max_sequences(args.buffer_size, args.num_envs, self.stride, self.window)
+        # per window: its env, the absolute step of its position 0, [lo, hi), the LSTM state before position 0
+        self.seq_env, self.seq_start, self.seq_lo, self.seq_hi = np.zeros((4, self.max_seqs), dtype=np.int64)
+        self.seq_h, self.seq_c = np.zeros((2, self.max_seqs, args.lstm_size), dtype=np.float32)
         self.tree = SumTree(self.max_seqs)
         self.open = np.zeros(0, dtype=np.int64)  # windows still being filled (priority 0 until complete)
         self.next_seq, self.t, self.max_priority = 0, 0, 1.0
-        self.episode_start = np.zeros(num_envs, dtype=np.int64)
+        self.episode_start = np.zeros(args.num_envs, dtype=np.int64)
 
-    def state_dict(self, with_arrays: bool) -> dict:
-        """The write position and episode starts always (windows opened after a resume need them); the stored
-        steps, sequences, open windows and sum tree only `with_arrays`. Arrays go out as tensors sharing their
-        memory: torch.save writes those without a pickled copy of a large replay."""
+    def state_dict(self) -> dict:
+        """The write position and episode starts always (windows opened after a resume need them); with `save_arrays`
+        every array and the sum tree too, as tensors sharing their memory (torch.save then pickles no copy of them)."""
         state = dict(t=self.t, episode_start=self.episode_start.copy())
-        if with_arrays:
-            names = [
-                "obs",
-                "actions",
-                "rewards",
-                "terminated",
-                "truncated",
-                "seq_env",
-                "seq_start",
-                "seq_lo",
-                "seq_hi",
-                "seq_h",
-                "seq_c",
-                "open",
-            ]
-            state.update({name: torch.from_numpy(getattr(self, name)) for name in names})
+        if self.save_arrays:
+            state.update({name: torch.from_numpy(v) for name, v in vars(self).items() if isinstance(v, np.ndarray)})
             state.update(tree=torch.from_numpy(self.tree.nodes), next_seq=self.next_seq, max_priority=self.max_priority)
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        for name, value in state.items():
-            value = value.numpy() if isinstance(value, torch.Tensor) else value
-            if name == "tree":
-                self.tree.nodes = value
-            else:
-                setattr(self, name, value)
-
-    def bytes_per_observation(self) -> float:
-        arrays = [
-            self.obs,
-            self.actions,
-            self.rewards,
-            self.terminated,
-            self.truncated,
-            self.seq_env,
-            self.seq_start,
-            self.seq_lo,
-            self.seq_hi,
-            self.seq_h,
-            self.seq_c,
-        ]
-        return (sum(a.nbytes for a in arrays) + self.tree.nodes.nbytes) / (self.num_envs * self.steps)
+        state = {name: value.numpy() if isinstance(value, torch.Tensor) else value for name, value in state.items()}
+        self.tree.nodes = state.pop("tree", self.tree.nodes)
+        vars(self).update(state)
 
     def _new_windows(self, envs, starts, lo, h, c):
         ids = (self.next_seq + np.arange(len(envs))) % self.max_seqs
@@ -284,8 +283,8 @@ class SequenceReplay:
         self.seq_h[ids], self.seq_c[ids] = h, c
         self.open = np.concatenate([self.open, ids])
 
-    def add(self, obs, actions, rewards, terminated, truncated, is_first, is_reset, h, c):
-        """One vector step: obs (N, ...) fed to the network, its action, reward and flags. `is_reset` marks
+    def add(self, obs, actions, rewards, terminated, truncated, is_first, is_reset_step, h, c):
+        """One vector step: obs (N, ...) fed to the network, its action, reward and flags. `is_reset_step` marks
         envpool's reset step (its obs is the previous episode's final one), h and c the LSTM state before obs."""
         t, slot = self.t, self.t % self.steps
         self.obs[:, slot], self.actions[:, slot], self.rewards[:, slot] = obs, actions, rewards
@@ -296,33 +295,31 @@ class SequenceReplay:
             self.tree.update(stale_ids, np.zeros(len(stale_ids)))
         # close windows that are full or whose episode ended with this step's final observation
         env, start = self.seq_env[self.open], self.seq_start[self.open]
-        ended, full = is_reset[env], t - start + 1 >= self.window
+        ended, full = is_reset_step[env], t - start + 1 >= self.window
         close = ended | full
         hi = np.where(ended, t - start + 1, self.window)
         trained = np.where(ended, hi - 2, self.seq_len - 1) >= self.burn_in  # at least one trained step
         keep = self.open[close & trained]
         self.seq_hi[keep] = hi[close & trained]
-        self.tree.update(keep, np.full(len(keep), self.max_priority**self.priority_exponent))
+        self.tree.update(keep, np.full(len(keep), self.max_priority**self.prioritized_replay_alpha))
         self.open = self.open[~close]
         # open new windows; a window's trained part starts every `stride` steps of an episode
         first = np.flatnonzero(is_first)
         self.episode_start[first] = t
         since_start = t - self.episode_start + self.burn_in
-        regular = np.flatnonzero(~is_first & ~is_reset & (since_start % self.stride == 0))
-        if len(regular):
-            lo = self.episode_start[regular] - t
-            self._new_windows(regular, np.full(len(regular), t), lo, h[regular], c[regular])
+        regular = np.flatnonzero(~is_first & ~is_reset_step & (since_start % self.stride == 0))
+        self._new_windows(regular, np.full(len(regular), t), self.episode_start[regular] - t, h[regular], c[regular])
         zeros = np.zeros((len(first), self.seq_h.shape[1]), dtype=np.float32)
         for offset in range(0, self.burn_in + 1, self.stride) if len(first) else []:  # reach back before it
             lo = np.full(len(first), self.burn_in - offset)
             self._new_windows(first, t - lo, lo, zeros, zeros)
         self.t += 1
 
-    def sample(self, batch_size: int, rng: np.random.Generator, importance_exponent: float, device):
+    def sample(self, batch_size: int, rng: np.random.Generator, prioritized_replay_beta: float, device):
         """Prioritized draw of `batch_size` sequences with their normalized importance weights."""
         ids = self.tree.sample(batch_size, rng)
         probs = self.tree.get(ids) / self.tree.total()
-        weights = (np.count_nonzero(self.tree.get(np.arange(self.max_seqs))) * probs) ** -importance_exponent
+        weights = (np.count_nonzero(self.tree.get(np.arange(self.max_seqs))) * probs) ** -prioritized_replay_beta
         batch = self.gather(ids, device)
         batch["weights"] = torch.as_tensor((weights / weights.max()).astype(np.float32), device=device)
         return ids, batch
@@ -335,13 +332,12 @@ class SequenceReplay:
         valid = (pos >= self.seq_lo[ids][None]) & (pos < self.seq_hi[ids][None])  # padding: another episode
         frames = self.obs[env, slots]
         frames = frames * valid.reshape(*valid.shape, *([1] * (frames.ndim - 2))).astype(frames.dtype)
-        obs = frames[self.history :]
         actions = np.where(valid, self.actions[env, slots].astype(np.int64), -1)
         rewards = np.where(valid, self.rewards[env, slots], 0.0).astype(np.float32)
         done = valid & (self.terminated[env, slots] | self.truncated[env, slots])
         now, before = slice(self.history, None), slice(self.history - 1, -1)
         batch = dict(
-            obs=obs,
+            obs=frames[self.history :],
             actions=actions[now],
             rewards=rewards[now],
             prev_action=actions[before],
@@ -349,7 +345,7 @@ class SequenceReplay:
             terminated=valid[now] & self.terminated[env, slots[now]],
             done=done[now],
             valid=valid[now],
-            is_reset=done[before],
+            is_reset_step=done[before],
             is_first=valid[now] & ~valid[before],
             h=self.seq_h[ids],
             c=self.seq_c[ids],
@@ -360,7 +356,7 @@ class SequenceReplay:
 
     def update_priorities(self, ids: np.ndarray, priorities: np.ndarray) -> None:
         self.max_priority = max(self.max_priority, float(priorities.max()))
-        self.tree.update(ids, priorities**self.priority_exponent)
+        self.tree.update(ids, priorities**self.prioritized_replay_alpha)
 
 
 def replay_memory_bytes(args: Args, obs_shape: tuple, obs_dtype) -> int:
@@ -369,21 +365,9 @@ def replay_memory_bytes(args: Args, obs_shape: tuple, obs_dtype) -> int:
     steps, stride, window = args.buffer_size // args.num_envs, args.seq_len - args.overlap, args.seq_len + args.n_step
     per_step = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 1 + 4 + 1 + 1  # obs, action, reward, flags
     max_seqs = max_sequences(args.buffer_size, args.num_envs, stride, window)
-    per_sequence = 4 * 8 + 2 * args.hidden_size * 4  # env, start, lo, hi; h and c
+    per_sequence = 4 * 8 + 2 * args.lstm_size * 4  # env, start, lo, hi; h and c
     tree = 2 * (1 << (max_seqs - 1).bit_length()) * 8
     return args.num_envs * (steps * per_step + 8) + max_seqs * per_sequence + tree  # + each env's episode start
-
-
-def available_memory_bytes() -> int:
-    """MemAvailable of /proc/meminfo (free plus reclaimable), or the free pages where there is none."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def value_rescale(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
@@ -400,27 +384,26 @@ def inverse_value_rescale(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
 
 def sequence_priorities(abs_td: torch.Tensor, mask: torch.Tensor, eta: float = 0.9) -> torch.Tensor:
     """eta max_t |delta_t| + (1 - eta) mean_t |delta_t| over the valid steps: abs_td, mask (T, B) -> (B,)."""
-    mask = mask.to(abs_td.dtype)
     masked = abs_td * mask
     return eta * masked.amax(0) + (1 - eta) * masked.sum(0) / mask.sum(0).clamp(min=1)
 
 
-def actor_epsilons(num_envs: int, base_epsilon: float = 0.4, alpha: float = 7.0) -> np.ndarray:
+def actor_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
     """eps_i = base^(1 + alpha i / (N - 1)); a single actor gets `base`."""
     fraction = np.arange(num_envs) / max(num_envs - 1, 1)
-    return base_epsilon ** (1 + alpha * fraction)
+    return base ** (1 + alpha * fraction)
 
 
-def sequence_td_errors(q_net, target_net, batch, burn_in: int, seq_len: int, n_step: int, gamma: float):
+def sequence_td_errors(q_network, target_network, batch, burn_in: int, seq_len: int, n_step: int, gamma: float):
     """TD errors delta (T, B) in rescaled space, the trained-step mask (T, B) and Q(s, a) (T, B) for the
     T = seq_len - burn_in trained positions. Burn-in runs without gradient; the target network is unrolled over
     the same sequence from the same stored state."""
     inputs = [batch[k] for k in ("obs", "prev_action", "prev_reward", "is_first")]
     state = (batch["h"], batch["c"])
     with torch.no_grad():
-        _, burned_in = q_net(*[x[:burn_in] for x in inputs], state)
-        target_q, _ = target_net(*inputs, state)
-    q, _ = q_net(*[x[burn_in:] for x in inputs], burned_in)  # positions burn_in .. seq_len + n_step - 1
+        _, burned_in = q_network(*[x[:burn_in] for x in inputs], state)
+        target_q, _ = target_network(*inputs, state)
+    q, _ = q_network(*[x[burn_in:] for x in inputs], burned_in)  # positions burn_in .. seq_len + n_step - 1
     steps = seq_len - burn_in
     q_taken = q[:steps].gather(-1, batch["actions"][burn_in:seq_len].clamp(min=0).unsqueeze(-1)).squeeze(-1)
     # n-step return that stops at the episode end; only termination cuts the bootstrap, a time-out keeps it
@@ -441,479 +424,153 @@ def sequence_td_errors(q_net, target_net, batch, burn_in: int, seq_len: int, n_s
         best = q.detach()[rows, cols].argmax(-1, keepdim=True)  # double Q: online net picks, target net rates
         next_value = target_q[rows + burn_in, cols].gather(-1, best).squeeze(-1)
         target = value_rescale(returns + bootstrap * gamma**offset * inverse_value_rescale(next_value))
-    mask = batch["valid"][burn_in:seq_len] & ~batch["is_reset"][burn_in:seq_len]
+    mask = batch["valid"][burn_in:seq_len] & ~batch["is_reset_step"][burn_in:seq_len]
     return (target - q_taken) * mask, mask, q_taken
 
 
-def evaluate(
-    model_path,
-    env_id,
-    eval_episodes,
-    device,
-    epsilon=0.001,
-    mask_velocity=False,
-    hidden_size=128,
-    capture_video=False,
-    run_name="eval",
-    seed=1,
-):
-    """Runs a saved model on fresh environments; returns the first `eval_episodes` game scores."""
-    envs = make_env(env_id, eval_episodes, seed)
-    obs, _ = envs.reset()
-    num_actions = int(envs.action_space.n)
-    model = QNetwork(observe(obs, mask_velocity).shape[1], num_actions, hidden_size).to(device)
-    model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
-    if capture_video:
-        record_video(model, env_id, mask_velocity, device, run_name)
-    state = (torch.zeros(eval_episodes, hidden_size, device=device),) * 2
-    prev_action, prev_reward = np.full(eval_episodes, -1), np.zeros(eval_episodes, dtype=np.float32)
-    scores, returns, finished = [], np.zeros(eval_episodes), np.zeros(eval_episodes, dtype=bool)
+@torch.no_grad()
+def play(model, envs, obs, mask_velocity: bool, device, epsilon: float) -> list[float]:
+    """Plays one episode in each of the vectorized `envs`, from their first observations `obs`; returns the scores."""
+    n = len(obs)
+    state = (torch.zeros(n, model.lstm.hidden_size, device=device),) * 2
+    prev_action, prev_reward = np.full(n, -1), np.zeros(n, dtype=np.float32)
+    scores, returns, finished = [], np.zeros(n), np.zeros(n, dtype=bool)
     while not finished.all():
-        q, state = model(*to_step_inputs(observe(obs, mask_velocity), prev_action, prev_reward, device), state)
-        actions = q[0].argmax(-1).cpu().numpy()
-        explore = np.random.random(eval_episodes) < epsilon
-        actions = np.where(explore, np.random.randint(num_actions, size=eval_episodes), actions)
+        inputs = to_step_inputs(observe(obs, mask_velocity), prev_action, prev_reward, np.zeros(n, bool), device)
+        q, state = model(*inputs, state)
+        explore = np.random.random(n) < epsilon
+        actions = np.where(explore, np.random.randint(model.num_actions, size=n), q[0].argmax(-1).cpu().numpy())
         obs, reward, terminated, truncated, _ = envs.step(actions)
         returns += reward * ~finished
-        for i in np.flatnonzero((terminated | truncated) & ~finished):
-            scores.append(float(returns[i]))
+        scores.extend(returns[(terminated | truncated) & ~finished].tolist())
         finished |= terminated | truncated
         prev_action, prev_reward = actions, np.clip(reward, -1, 1).astype(np.float32)
     return scores
 
 
-def to_step_inputs(obs, prev_action, prev_reward, device, is_first=None):
+def evaluate(model_path: str, args: Args, device, run_name: str, epsilon: float = 0.001) -> list[float]:
+    """Runs a saved model for one episode on each of `args.eval_episodes` fresh environments; returns their game
+    scores. --capture-video records one more, greedy episode through gymnasium's renderer (envpool does not render)."""
+    envs = make_env(args.env_id, args.eval_episodes, args.seed + 100)
+    obs, _ = envs.reset()
+    model = QNetwork(observe(obs, args.mask_velocity).shape[1], int(envs.action_space.n), args.lstm_size).to(device)
+    model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
+    scores = play(model, envs, obs, args.mask_velocity, device, epsilon)
+    if args.capture_video:
+        video_env = gym.vector.SyncVectorEnv([lambda: make_video_env(args.env_id, run_name)])
+        play(model, video_env, video_env.reset(seed=0)[0], args.mask_velocity, device, epsilon=0.0)
+        video_env.close()
+    return scores
+
+
+def to_step_inputs(obs, prev_action, prev_reward, is_first, device):
     """Numpy actor inputs for one step -> (1, N, ...) tensors for QNetwork.forward."""
-    is_first = np.zeros(len(obs), dtype=bool) if is_first is None else is_first
-    arrays = (obs, np.asarray(prev_action, dtype=np.int64), prev_reward, is_first)
-    return [torch.as_tensor(a, device=device).unsqueeze(0) for a in arrays]
-
-
-def record_video(model, env_id, mask_velocity, device, run_name):
-    """Records one greedy episode with gymnasium's renderer (envpool does not render)."""
-    try:
-        env = gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"videos/{run_name}")
-        obs, _ = env.reset(seed=0)
-    except (ImportError, gym.error.DependencyNotInstalled) as e:
-        raise SystemExit(f"error: --capture-video: needs the video extra (pip install 'cleanrl-q[video]'): {e}")
-    state = (torch.zeros(1, model.lstm.hidden_size, device=device),) * 2
-    prev_action, prev_reward, done = [-1], np.zeros(1, dtype=np.float32), False
-    while not done:
-        inputs = to_step_inputs(observe(obs[None].astype(np.float32), mask_velocity), prev_action, prev_reward, device)
-        q, state = model(*inputs, state)
-        prev_action = [int(q[0, 0].argmax())]
-        obs, reward, terminated, truncated, _ = env.step(prev_action[0])
-        prev_reward, done = np.array([np.clip(reward, -1, 1)], dtype=np.float32), terminated or truncated
-    env.close()
-
-
-def validate_args(args: Args) -> None:
-    if args.env_id not in envpool.list_all_envs():
-        raise SystemExit(f"error: --env-id={args.env_id}: not an envpool environment id")
-    if not isinstance(envpool.make_spec(args.env_id).action_space, gym.spaces.Discrete):
-        raise SystemExit(f"error: --env-id={args.env_id}: needs a discrete action space")
-    if args.mask_velocity and not args.env_id.startswith("CartPole"):
-        raise SystemExit(f"error: --mask-velocity: only defined for CartPole, not --env-id={args.env_id}")
-    checks = [
-        ("num-envs", args.num_envs, args.num_envs >= 1, "at least 1"),
-        ("seq-len", args.seq_len, args.seq_len >= 2, "at least 2"),
-        ("burn-in", args.burn_in, 0 <= args.burn_in < args.seq_len, f"0 <= burn-in < --seq-len={args.seq_len}"),
-        ("overlap", args.overlap, 0 <= args.overlap < args.seq_len, f"0 <= overlap < --seq-len={args.seq_len}"),
-        (
-            "n-step",
-            args.n_step,
-            1 <= args.n_step <= args.seq_len - args.burn_in,
-            f"1 <= n-step <= seq-len - burn-in = {args.seq_len - args.burn_in}",
-        ),
-        ("batch-size", args.batch_size, args.batch_size >= 1, "at least 1"),
-        (
-            "buffer-size",
-            args.buffer_size,
-            args.buffer_size // args.num_envs >= 2 * (args.seq_len + args.n_step),
-            f"at least num-envs * 2 * (seq-len + n-step) = {args.num_envs * 2 * (args.seq_len + args.n_step)}",
-        ),
-        ("replay-ratio", args.replay_ratio, args.replay_ratio > 0, "> 0"),
-        ("target-update-interval", args.target_update_interval, args.target_update_interval >= 1, "at least 1"),
-        ("base-epsilon", args.base_epsilon, 0 <= args.base_epsilon <= 1, "in [0, 1]"),
-        ("final-base-epsilon", args.final_base_epsilon, 0 <= args.final_base_epsilon <= 1, "in [0, 1]"),
-        ("epsilon-decay-fraction", args.epsilon_decay_fraction, 0 <= args.epsilon_decay_fraction <= 1, "in [0, 1]"),
-        ("priority-eta", args.priority_eta, 0 <= args.priority_eta <= 1, "in [0, 1]"),
-        ("total-timesteps", args.total_timesteps, args.total_timesteps >= args.num_envs, "at least --num-envs"),
-        ("checkpoint-every", args.checkpoint_every, args.checkpoint_every >= 0, "at least 0 (0: only on a signal)"),
-    ]
-    for flag, value, ok, allowed in checks:
-        if not ok:
-            raise SystemExit(f"error: --{flag}={value}: {allowed}")
-    if args.resume is not None and not os.path.isfile(args.resume):
-        raise SystemExit(f"error: --resume={args.resume}: no such file")
-    obs_shape = envpool.make_spec(args.env_id).observation_space.shape
-    needed = replay_memory_bytes(args, observe(np.zeros((1, *obs_shape)), args.mask_velocity).shape[1:], np.float32)
-    available = available_memory_bytes()
-    if needed > available:
-        raise SystemExit(
-            f"error: --buffer-size={args.buffer_size}: the replay needs about {needed / 1e9:,.1f} GB but "
-            f"{available / 1e9:,.1f} GB are available; lower --buffer-size"
-        )
-
-
-class StopRequest:
-    """The first SIGINT/SIGTERM asks the training loop to stop after the current step, with a checkpoint; a second
-    one exits at once. `restore` puts the previous handlers back (tests call main in-process)."""
-
-    def __init__(self):
-        self.requested = False
-        self.previous = {sig: signal.signal(sig, self.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def handle(self, signum, frame):
-        if self.requested:
-            self.restore()
-            raise KeyboardInterrupt
-        self.requested = True
-        print("stopping after this step; a second signal exits at once")
-
-    def restore(self) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-
-CHECKPOINT_VERSION = 1
-CHECKPOINT_KEYS = [
-    "version",
-    "args",
-    "run_name",
-    "wandb_id",
-    "iteration",
-    "global_step",
-    "updates",
-    "update_credit",
-    "learn_from",
-    "q_net",
-    "target_net",
-    "optimizer",
-    "rng",
-    "scores",
-    "episode_return",
-    "episode_length",
-    "obs",
-    "h",
-    "c",
-    "is_first",
-    "is_reset",
-    "prev_action",
-    "prev_reward",
-    "action_log",
-    "replay",
-]
-FLAGS_KEPT_ON_RESUME = ["resume", "checkpoint_every", "cuda", "track"]
-
-
-def rng_states(rng: np.random.Generator) -> dict:
-    return dict(
-        python=random.getstate(),
-        numpy=np.random.get_state(),
-        torch=torch.get_rng_state(),
-        cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        generator=rng.bit_generator.state,
-    )
-
-
-def set_rng_states(states: dict, rng: np.random.Generator) -> None:
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
-    if states["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-    rng.bit_generator.state = states["generator"]
-
-
-def save_checkpoint(state: dict, path: str) -> None:
-    """Written beside and then renamed over the previous one: a crash while writing leaves that one intact."""
-    torch.save(state, path + ".tmp")
-    os.replace(path + ".tmp", path)
-
-
-def load_checkpoint(path: str) -> dict:
-    try:
-        # weights_only=False: a checkpoint holds numpy and python RNG states (the model file stays weights-only)
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        if not isinstance(state, dict):
-            raise ValueError(f"holds a {type(state).__name__}, not a dict")
-        if state.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"format version {state.get('version')!r}, expected {CHECKPOINT_VERSION}")
-        missing = [key for key in CHECKPOINT_KEYS if key not in state]
-        if missing:
-            raise ValueError(f"missing {', '.join(missing)}")
-        foreign = sorted(set(state["args"]) ^ set(vars(Args())))
-        if foreign:
-            raise ValueError(f"written by another script: flags {', '.join(foreign)} differ")
-    except Exception as e:
-        raise SystemExit(f"error: --resume={path}: not a readable checkpoint ({e})") from None
-    return state
-
-
-def resumed_args(saved: dict, given: Args) -> Args:
-    """The checkpoint's flags, apart from those a later session may change; names the given flags it ignores."""
-    defaults, given_values = vars(Args()), vars(given)
-    ignored = [
-        key
-        for key, value in given_values.items()
-        if key not in FLAGS_KEPT_ON_RESUME and value != saved.get(key) and value != defaults[key]
-    ]
-    if ignored:
-        flags = ", ".join(f"--{key.replace('_', '-')}={given_values[key]}" for key in ignored)
-        print(f"resume: these flags differ from the checkpoint's and are ignored: {flags}")
-    return replace(Args(**saved), **{key: given_values[key] for key in FLAGS_KEPT_ON_RESUME})
-
-
-def step_through(envs, action_log: np.ndarray, obs: np.ndarray) -> np.ndarray:
-    """Restores just reset environments by stepping them through the logged actions (envpool cannot save its
-    state, but it is deterministic given its seed and the actions); returns the last observation."""
-    print(f"resume: replaying {len(action_log)} logged environment steps")
-    for actions in action_log:
-        obs, *_ = envs.step(actions.astype(np.int64))
-    return obs
+    return [torch.as_tensor(a, device=device).unsqueeze(0) for a in (obs, prev_action, prev_reward, is_first)]
 
 
 def main(args: Args) -> list[float]:
-    checkpoint = None
-    if args.resume is not None:  # the run goes on with the checkpoint's flags: those are the ones to check
-        checkpoint = load_checkpoint(args.resume)
-        args = resumed_args(checkpoint["args"], args)
+    args, checkpoint = resume(args, __file__, CHECKPOINT_FORMAT)  # a resumed run goes on with the checkpoint's flags
     validate_args(args)
-    stop = StopRequest()
-    try:
-        return train(args, checkpoint, stop)
-    finally:
-        stop.restore()
+    with Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+        seed_everything(args.seed, args.torch_deterministic)
+        rng = np.random.default_rng(args.seed)
+        device = pick_device(args.cuda, cpu_threads=1)
 
+        envs = make_env(args.env_id, args.num_envs, args.seed)
+        num_envs, num_actions = args.num_envs, int(envs.action_space.n)
+        obs, _ = envs.reset()  # the raw observation: resume checks the replayed environments against it
+        obs_dim = observe(obs, args.mask_velocity).shape[1]
+        q_network = QNetwork(obs_dim, num_actions, args.lstm_size).to(device)
+        target_network = QNetwork(obs_dim, num_actions, args.lstm_size).to(device)
+        target_network.load_state_dict(q_network.state_dict())
+        optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+        rb = SequenceReplay(args, (obs_dim,), np.float32)
+        per_observation = f"{replay_memory_bytes(args, (obs_dim,), np.float32) / (rb.num_envs * rb.steps):.1f} bytes"
+        print(f"replay: {per_observation} per stored observation")
+        run.writer.add_text("replay", f"{per_observation} per stored observation")
+        updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * (args.seq_len - args.burn_in))
 
-def train(args: Args, checkpoint: Optional[dict], stop: StopRequest) -> list[float]:
-    """The training loop, from the start or from `checkpoint`; stops early with a checkpoint when `stop` asks."""
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_name = checkpoint["run_name"] if checkpoint else run_name
-    checkpoint_path = f"runs/{run_name}/checkpoint.pt"
-    wandb_id = checkpoint["wandb_id"] if checkpoint else None  # kept for a later tracked resume
-    if args.track:
-        import wandb
+        h, c = torch.zeros(2, num_envs, args.lstm_size, device=device)  # the actors' LSTM state
+        is_first, is_reset_step = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
+        prev_action, prev_reward = np.full(num_envs, -1), np.zeros(num_envs, dtype=np.float32)
+        stats = EpisodeStats(num_envs)
+        update_credit, updates, learn_from = 0.0, 0, args.learning_starts
+        num_iterations = args.total_timesteps // num_envs
+        global_step = checkpoint["global_step"] if checkpoint else 0  # sets the log's length in checkpoint_state
+        action_log = np.zeros((num_iterations, num_envs), dtype=np.min_scalar_type(num_actions - 1))
 
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=vars(args),
-            name=run_name,
-            save_code=True,
-            id=wandb_id,
-            resume="allow",
-        )
-        wandb_id = wandb.run.id
-    # a resumed run drops what the interrupted one logged after its checkpoint
-    writer = SummaryWriter(f"runs/{run_name}", purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
-    if checkpoint is None:
-        rows = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
+        def checkpoint_state():  # the learner, the actors, the counters
+            return {
+                **dict(q_network=q_network, target_network=target_network, optimizer=optimizer, rb=rb, rng=rng),
+                **dict(obs=obs, h=h, c=c, is_first=is_first, is_reset_step=is_reset_step, prev_action=prev_action),
+                **dict(prev_reward=prev_reward, stats=stats, action_log=action_log[: global_step // num_envs]),
+                **dict(update_credit=update_credit, updates=updates, learn_from=learn_from),
+            }
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    rng = np.random.default_rng(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if device.type == "cpu":
-        torch.set_num_threads(1)  # a network this small only pays synchronization for intra-op threads
+        if checkpoint is not None:
+            saved = run.restore(checkpoint_state())
+            update_credit, updates, learn_from = saved["update_credit"], saved["updates"], saved["learn_from"]
+            obs = fast_forward(envs, action_log[: global_step // num_envs], obs)
+            if not rb.save_arrays:  # the replay starts empty: collect again before learning
+                learn_from = checkpoint["global_step"] + args.learning_starts
+        progress = Progress(args.total_timesteps, global_step)
+        for iteration in range(global_step // num_envs, num_iterations):
+            global_step = (iteration + 1) * num_envs
+            keep = torch.as_tensor(~is_first, device=device).float().unsqueeze(-1)
+            h, c = h * keep, c * keep  # episode start: zero state, no previous action or reward
+            prev_action, prev_reward = np.where(is_first, -1, prev_action), np.where(is_first, 0, prev_reward)
+            decay = min(global_step / max(args.exploration_fraction * args.total_timesteps, 1), 1.0)
+            epsilons = actor_epsilons(num_envs, args.start_e + decay * (args.end_e - args.start_e), args.epsilon_alpha)
+            observed = observe(obs, args.mask_velocity)
+            with torch.no_grad():
+                q, (next_h, next_c) = q_network(*to_step_inputs(observed, prev_action, prev_reward, is_first, device), (h, c))
+            explore = rng.random(num_envs) < epsilons
+            actions = np.where(explore, rng.integers(num_actions, size=num_envs), q[0].argmax(-1).cpu().numpy())
+            next_obs, reward, terminated, truncated, _ = envs.step(actions)
+            action_log[iteration] = actions
+            rb.add(observed, actions, reward, terminated, truncated, is_first, is_reset_step, h.cpu().numpy(), c.cpu().numpy())
+            stats.update(reward, is_reset_step, terminated | truncated, run.writer, global_step)
+            obs, h, c = next_obs, next_h, next_c
+            prev_action, prev_reward = actions, np.clip(reward, -1, 1).astype(np.float32)
+            is_first, is_reset_step = is_reset_step, terminated | truncated
 
-    envs = make_env(args.env_id, args.num_envs, args.seed)
-    num_envs, num_actions = args.num_envs, int(envs.action_space.n)
-    obs, _ = envs.reset()
-    obs = observe(obs, args.mask_velocity)
-    q_net = QNetwork(obs.shape[1], num_actions, args.hidden_size).to(device)
-    target_net = QNetwork(obs.shape[1], num_actions, args.hidden_size).to(device)
-    target_net.load_state_dict(q_net.state_dict())
-    optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_eps)
-    rb = SequenceReplay(
-        num_envs,
-        args.buffer_size,
-        obs.shape[1:],
-        np.float32,
-        args.hidden_size,
-        args.seq_len,
-        args.burn_in,
-        args.overlap,
-        args.n_step,
-        args.priority_exponent,
-    )
-    print(f"replay: {rb.bytes_per_observation():.1f} bytes per stored observation")
-    writer.add_text("replay", f"{rb.bytes_per_observation():.1f} bytes per stored observation")
-    updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * (args.seq_len - args.burn_in))
+            if global_step > learn_from and rb.tree.total() > 0:
+                update_credit += updates_per_vector_step
+            while update_credit >= 1:
+                update_credit -= 1
+                ids, batch = rb.sample(args.batch_size, rng, args.prioritized_replay_beta, device)
+                td, mask, q_taken = sequence_td_errors(
+                    q_network, target_network, batch, args.burn_in, args.seq_len, args.n_step, args.gamma
+                )
+                per_sequence = (0.5 * td**2).sum(0) / mask.sum(0).clamp(min=1)
+                loss = (batch["weights"] * per_sequence).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                run.clip_grad_norm(q_network.parameters(), args.max_grad_norm, global_step)
+                optimizer.step()
+                rb.update_priorities(ids, sequence_priorities(td.detach().abs(), mask, args.priority_eta).cpu().numpy())
+                updates += 1
+                if updates % args.target_network_frequency == 0:
+                    target_network.load_state_dict(q_network.state_dict())
+                if updates % args.log_interval == 0:
+                    run.writer.add_scalar("losses/td_loss", loss.item(), global_step)
+                    run.writer.add_scalar("losses/q_values", (q_taken * mask).sum().item() / mask.sum().item(), global_step)
+                    run.writer.add_scalar("charts/beta", args.prioritized_replay_beta, global_step)
+                    run.writer.add_scalar("charts/epsilon", float(epsilons.mean()), global_step)
+                    run.writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+                    run.writer.add_scalar("charts/SPS", progress.sps(global_step), global_step)
+            progress.print(global_step, stats.recent)
+            if run.checkpoint_or_stop(global_step, num_envs, iteration + 1 == num_iterations, checkpoint_state):
+                break
 
-    h = torch.zeros(num_envs, args.hidden_size, device=device)
-    c = torch.zeros_like(h)
-    is_first, is_reset = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
-    prev_action, prev_reward = np.full(num_envs, -1), np.zeros(num_envs, dtype=np.float32)
-    episode_return, episode_length = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
-    scores, update_credit, updates = [], 0.0, 0
-    num_iterations = args.total_timesteps // num_envs
-    action_log = np.zeros((num_iterations, num_envs), dtype=np.min_scalar_type(num_actions - 1))
-    start_iteration, learn_from, last_checkpoint = 0, args.learning_starts, None
-    if checkpoint is not None:
-        start_iteration = checkpoint["iteration"] + 1
-        action_log[:start_iteration] = checkpoint["action_log"]
-        obs = observe(step_through(envs, action_log[:start_iteration], obs), args.mask_velocity)
-        if not np.array_equal(obs, checkpoint["obs"]):
-            raise SystemExit(
-                f"error: --resume={args.resume}: environment replay diverged from the checkpoint "
-                "(another envpool version or machine?)"
-            )
-        q_net.load_state_dict(checkpoint["q_net"])
-        target_net.load_state_dict(checkpoint["target_net"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        rb.load_state_dict(checkpoint["replay"])
-        set_rng_states(checkpoint["rng"], rng)
-        h, c = checkpoint["h"].to(device), checkpoint["c"].to(device)
-        is_first, is_reset = checkpoint["is_first"], checkpoint["is_reset"]
-        prev_action, prev_reward = checkpoint["prev_action"], checkpoint["prev_reward"]
-        episode_return, episode_length = checkpoint["episode_return"], checkpoint["episode_length"]
-        scores, update_credit, updates = checkpoint["scores"], checkpoint["update_credit"], checkpoint["updates"]
-        learn_from, last_checkpoint = checkpoint["learn_from"], args.resume
-        if "obs" not in checkpoint["replay"]:  # the replay starts empty: collect again before learning
-            learn_from = checkpoint["global_step"] + args.learning_starts
-    start_step, stopping = start_iteration * num_envs, False
-    start_time = last_print = time.time()
-    for iteration in range(start_iteration, num_iterations):
-        global_step = (iteration + 1) * num_envs
-        keep = torch.as_tensor(~is_first, device=device).float().unsqueeze(-1)
-        h, c = h * keep, c * keep  # episode start: zero state, no previous action or reward
-        prev_action, prev_reward = np.where(is_first, -1, prev_action), np.where(is_first, 0, prev_reward)
-        decay = min(global_step / max(args.epsilon_decay_fraction * args.total_timesteps, 1), 1.0)
-        base_epsilon = args.base_epsilon + decay * (args.final_base_epsilon - args.base_epsilon)
-        epsilons = actor_epsilons(num_envs, base_epsilon, args.epsilon_alpha)
-        with torch.no_grad():
-            q, (next_h, next_c) = q_net(*to_step_inputs(obs, prev_action, prev_reward, device, is_first), (h, c))
-        actions = np.where(
-            rng.random(num_envs) < epsilons, rng.integers(num_actions, size=num_envs), q[0].argmax(-1).cpu().numpy()
-        )
-        next_obs, reward, terminated, truncated, info = envs.step(actions)
-        action_log[iteration] = actions
-        rb.add(obs, actions, reward, terminated, truncated, is_first, is_reset, h.cpu().numpy(), c.cpu().numpy())
-
-        # true game score; envpool's reset step is no part of an episode
-        episode_return += np.where(is_reset, 0, reward)
-        episode_length += ~is_reset
-        for i in np.flatnonzero(terminated | truncated):
-            scores.append(float(episode_return[i]))
-            writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
-            writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
-        episode_return[terminated | truncated], episode_length[terminated | truncated] = 0, 0
-
-        obs, h, c = observe(next_obs, args.mask_velocity), next_h, next_c
-        prev_action, prev_reward = actions, np.clip(reward, -1, 1).astype(np.float32)
-        is_first, is_reset = is_reset, terminated | truncated
-
-        if global_step > learn_from and rb.tree.total() > 0:
-            update_credit += updates_per_vector_step
-        while update_credit >= 1:
-            update_credit -= 1
-            ids, batch = rb.sample(args.batch_size, rng, args.importance_exponent, device)
-            td, mask, q_taken = sequence_td_errors(
-                q_net, target_net, batch, args.burn_in, args.seq_len, args.n_step, args.gamma
-            )
-            per_sequence = (0.5 * td**2).sum(0) / mask.sum(0).clamp(min=1)
-            loss = (batch["weights"] * per_sequence).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            try:  # a NaN/inf loss or Q-value reaches the gradient norm: stop before it reaches the weights
-                nn.utils.clip_grad_norm_(q_net.parameters(), args.max_grad_norm, error_if_nonfinite=True)
-            except RuntimeError:
-                raise SystemExit(
-                    f"error: non-finite loss or Q-values at step {global_step}; last good checkpoint: "
-                    f"{last_checkpoint or 'none written'}"
-                ) from None
-            optimizer.step()
-            priorities = sequence_priorities(td.detach().abs(), mask, args.priority_eta)
-            rb.update_priorities(ids, priorities.cpu().numpy())
-            updates += 1
-            if updates % args.target_update_interval == 0:
-                target_net.load_state_dict(q_net.state_dict())
-            if updates % args.log_interval == 0:
-                writer.add_scalar("losses/td_loss", loss.item(), global_step)
-                writer.add_scalar("losses/q_values", (q_taken * mask).sum().item() / mask.sum().item(), global_step)
-                writer.add_scalar("charts/beta", args.importance_exponent, global_step)
-                writer.add_scalar("charts/epsilon", float(epsilons.mean()), global_step)
-                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-                sps = int((global_step - start_step) / (time.time() - start_time))
-                writer.add_scalar("charts/SPS", sps, global_step)
-        if time.time() - last_print > 10:
-            last_print = time.time()
-            sps = int((global_step - start_step) / (last_print - start_time))
-            mean = np.mean(scores[-100:]) if scores else float("nan")
-            eta = time.strftime("%H:%M:%S", time.gmtime((args.total_timesteps - global_step) / max(sps, 1)))
-            print(f"step {global_step:>9}/{args.total_timesteps} | SPS {sps:>6} | return(100) {mean:8.2f} | ETA {eta}")
-
-        every = args.checkpoint_every  # due when global_step crosses a multiple of it, and at the end
-        crossed = every > 0 and global_step // every > (global_step - num_envs) // every
-        due = crossed or (every > 0 and iteration + 1 == num_iterations)
-        stopping = stop.requested  # read once: a signal arriving in between must not skip the checkpoint
-        if due or stopping:
-            save_checkpoint(
-                dict(
-                    version=CHECKPOINT_VERSION,
-                    args=vars(args),
-                    run_name=run_name,
-                    wandb_id=wandb_id,
-                    iteration=iteration,
-                    global_step=global_step,
-                    updates=updates,
-                    update_credit=update_credit,
-                    learn_from=learn_from,
-                    q_net=q_net.state_dict(),
-                    target_net=target_net.state_dict(),
-                    optimizer=optimizer.state_dict(),
-                    rng=rng_states(rng),
-                    scores=scores,
-                    episode_return=episode_return,
-                    episode_length=episode_length,
-                    obs=obs,
-                    h=h.cpu(),
-                    c=c.cpu(),
-                    is_first=is_first,
-                    is_reset=is_reset,
-                    prev_action=prev_action,
-                    prev_reward=prev_reward,
-                    action_log=action_log[: iteration + 1],
-                    replay=rb.state_dict(with_arrays=args.checkpoint_replay),
-                ),
-                checkpoint_path,
-            )
-            last_checkpoint = checkpoint_path
-        if stopping:
-            print(
-                f"checkpoint written to {checkpoint_path}; continue the run with:\n"
-                f"  python {os.path.relpath(__file__)} --resume {checkpoint_path}"
-            )
-            break
-
-    if args.save_model and not stopping:
-        model_path = f"runs/{run_name}/{args.exp_name}.cleanrl_model"
-        torch.save(q_net.state_dict(), model_path)
-        print(f"model saved to {model_path}")
-        eval_scores = evaluate(
-            model_path,
-            args.env_id,
-            args.eval_episodes,
-            device,
-            mask_velocity=args.mask_velocity,
-            hidden_size=args.hidden_size,
-            capture_video=args.capture_video,
-            run_name=run_name,
-            seed=args.seed + 100,
-        )
-        for i, score in enumerate(eval_scores):
-            writer.add_scalar("eval/episodic_return", score, i)
-    envs.close()
-    writer.close()
-    if args.track:
-        wandb.finish()
-    return scores
+        if args.save_model and not run.stopped:
+            model_path = f"{run.dir}/{args.exp_name}.cleanrl_model"
+            torch.save(q_network.state_dict(), model_path)
+            print(f"model saved to {model_path}")
+            for i, score in enumerate(evaluate(model_path, args, device, run.name)):
+                run.writer.add_scalar("eval/episodic_return", score, i)
+        envs.close()
+    return stats.scores
 
 
 if __name__ == "__main__":

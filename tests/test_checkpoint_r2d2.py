@@ -21,9 +21,9 @@ TINY = dict(
     burn_in=4,
     overlap=4,
     n_step=3,
-    hidden_size=16,
+    lstm_size=16,
     replay_ratio=4.0,
-    target_update_interval=5,
+    target_network_frequency=5,
     log_interval=5,
     mask_velocity=True,
     cuda=False,
@@ -39,9 +39,9 @@ TINY_ATARI = dict(
     burn_in=4,
     overlap=4,
     n_step=2,
-    hidden_size=32,
+    lstm_size=32,
     replay_ratio=1.0,
-    target_update_interval=2,
+    target_network_frequency=2,
     log_interval=2,
     cuda=False,
 )
@@ -56,30 +56,30 @@ def load(path):
     return torch.load(path, weights_only=False)
 
 
+def logged_scalars():
+    """Every scalar the run in runs/ logged except SPS, as {tag: [(step, value)]}; TensorBoard applies the purge
+    of what an interrupted run logged after its checkpoint."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (run_dir,) = glob.glob("runs/*/")
+    accumulator = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    accumulator.Reload()
+    tags = [tag for tag in accumulator.Tags()["scalars"] if tag != "charts/SPS"]
+    return {tag: [(event.step, event.value) for event in accumulator.Scalars(tag)] for tag in tags}
+
+
 def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     interrupt_at_step(monkeypatch, r2d2, 100)
     previous = signal.getsignal(signal.SIGINT)
     r2d2.main(r2d2.Args(**TINY))
     assert signal.getsignal(signal.SIGINT) is previous  # handlers restored
-    state = load(only_checkpoint())
-    assert state["global_step"] == 100 * 4 and state["iteration"] == 99
-    assert state["action_log"].shape == (100, 4) and state["action_log"].dtype == np.uint8
-    assert set(state["replay"]) == {"t", "episode_start"}  # no arrays without --checkpoint-replay
+    checkpoint = load(only_checkpoint())
+    assert checkpoint["global_step"] == 100 * 4
+    action_log = checkpoint["state"]["action_log"]
+    assert action_log.shape == (100, 4) and action_log.dtype == np.uint8
+    assert set(checkpoint["state"]["rb"]) == {"t", "episode_start"}  # no arrays without --checkpoint-replay
     assert not glob.glob("runs/*/*.tmp")
-
-
-def test_second_signal_exits_at_once():
-    previous = signal.getsignal(signal.SIGTERM)
-    stop = r2d2.StopRequest()
-    try:
-        signal.raise_signal(signal.SIGTERM)
-        assert stop.requested
-        with pytest.raises(KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)
-    finally:
-        stop.restore()
-    assert signal.getsignal(signal.SIGTERM) is previous
 
 
 def test_resumed_run_is_bitwise_identical(tmp_path, monkeypatch):
@@ -87,24 +87,27 @@ def test_resumed_run_is_bitwise_identical(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
     scores_a = r2d2.main(r2d2.Args(**args))
-    final_a = load(only_checkpoint())
+    final_a, logged_a = load(only_checkpoint()), logged_scalars()
 
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2, 237)  # step 948: learning has begun, the replay holds open windows
         r2d2.main(r2d2.Args(**args))
     interrupted = load(only_checkpoint())
-    assert interrupted["global_step"] == 948 and interrupted["updates"] > 0 and len(interrupted["replay"]["open"])
+    assert interrupted["global_step"] == 948 and interrupted["state"]["updates"] > 0
+    assert len(interrupted["state"]["rb"]["open"])
     scores_b = r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, cuda=False))
     final_b = load(only_checkpoint())
+    assert logged_scalars() == logged_a and len(logged_a["losses/td_loss"]) > 10
 
     assert final_a["global_step"] == final_b["global_step"] == 2000
-    for net in ("q_net", "target_net"):
+    final_a, final_b = final_a["state"], final_b["state"]
+    for net in ("q_network", "target_network"):
         for name, weight in final_a[net].items():
             assert torch.equal(weight, final_b[net][name]), (net, name)
     assert final_a["updates"] == final_b["updates"]
     assert scores_a == scores_b and len(scores_a) > 10
-    assert np.array_equal(final_a["replay"]["tree"], final_b["replay"]["tree"])
+    assert np.array_equal(final_a["rb"]["tree"], final_b["rb"]["tree"])
 
 
 def test_resume_without_replay_collects_before_learning(tmp_path, monkeypatch, capsys):
@@ -112,14 +115,14 @@ def test_resume_without_replay_collects_before_learning(tmp_path, monkeypatch, c
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2, 150)
         r2d2.main(r2d2.Args(**TINY))
-    updates_at_stop = load(only_checkpoint())["updates"]
+    updates_at_stop = load(only_checkpoint())["state"]["updates"]
     scores = r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, cuda=False, buffer_size=123))
     out = capsys.readouterr().out
     assert "replaying 150 logged environment steps" in out
     assert "--buffer-size=123" in out  # a flag the resumed run ignores, and says so
     final = load(only_checkpoint())
-    assert final["global_step"] == 2000 and final["learn_from"] == 600 + 300
-    assert final["updates"] > updates_at_stop and all(np.isfinite(scores))
+    assert final["global_step"] == 2000 and final["state"]["learn_from"] == 600 + 300
+    assert final["state"]["updates"] > updates_at_stop and all(np.isfinite(scores))
 
 
 def test_unreadable_checkpoints_stop_with_a_clear_error(tmp_path, monkeypatch):
@@ -131,7 +134,7 @@ def test_unreadable_checkpoints_stop_with_a_clear_error(tmp_path, monkeypatch):
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all" * 100)
     state = load(only_checkpoint())
-    torch.save(dict(state, version=0), tmp_path / "old_format.pt")
+    torch.save(dict(state, format=1), tmp_path / "old_format.pt")
     torch.save(dict(state, args=dict(state["args"], frame_stack=4)), tmp_path / "other_script.pt")
     for path in ("truncated.pt", "garbage.pt", "missing.pt", "old_format.pt", "other_script.pt"):
         with pytest.raises(SystemExit, match="--resume"):
@@ -165,9 +168,8 @@ def test_oversized_replay_is_refused_before_anything_is_built(module, tmp_path, 
 
 @pytest.mark.parametrize("module, obs_shape, dtype", [(r2d2, (2,), np.float32), (r2d2_atari, (84, 84), np.uint8)])
 def test_replay_memory_estimate_matches_the_allocation(module, obs_shape, dtype):
-    args = module.Args(num_envs=3, buffer_size=3000, seq_len=10, burn_in=4, overlap=3, n_step=2, hidden_size=8)
-    extra = (args.frame_stack,) if module is r2d2_atari else ()
-    rb = module.SequenceReplay(3, 3000, obs_shape, dtype, 8, 10, 4, 3, 2, 0.9, *extra)
+    args = module.Args(num_envs=3, buffer_size=3000, seq_len=10, burn_in=4, overlap=3, n_step=2, lstm_size=8)
+    rb = module.SequenceReplay(args, obs_shape, dtype)
     allocated = sum(value.nbytes for value in vars(rb).values() if isinstance(value, np.ndarray))
     assert module.replay_memory_bytes(args, obs_shape, dtype) == allocated + rb.tree.nodes.nbytes
 
@@ -181,15 +183,27 @@ def test_seeded_runs_are_reproducible(tmp_path, monkeypatch):
     assert r2d2.main(r2d2.Args(**args)) == first and len(first) > 5
 
 
-def test_atari_sigint_checkpoint_and_resume(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_atari_resumed_run_is_bitwise_identical(tmp_path, monkeypatch):
+    args = dict(TINY_ATARI, checkpoint_replay=True, checkpoint_every=10_000)
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    r2d2_atari.main(r2d2_atari.Args(**args))
+    final_a, logged_a = load(only_checkpoint())["state"], logged_scalars()
+
+    monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2_atari, 80)
-        r2d2_atari.main(r2d2_atari.Args(**TINY_ATARI, checkpoint_replay=True))
-    state = load(only_checkpoint())
-    assert state["global_step"] == 160 and state["updates"] > 0 and state["stack"].shape == (2, 4, 84, 84)
-    scores = r2d2_atari.main(r2d2_atari.Args(resume=only_checkpoint(), checkpoint_every=10_000, cuda=False))
-    assert load(only_checkpoint())["global_step"] == 320 and all(np.isfinite(scores))
+        r2d2_atari.main(r2d2_atari.Args(**args))
+    checkpoint = load(only_checkpoint())
+    assert checkpoint["global_step"] == 160 and checkpoint["state"]["updates"] > 0
+    assert checkpoint["state"]["stack"].shape == (2, 4, 84, 84)
+    r2d2_atari.main(r2d2_atari.Args(resume=only_checkpoint(), checkpoint_every=10_000, cuda=False))
+    final_b = load(only_checkpoint())["state"]
+
+    for name, weight in final_a["q_network"].items():
+        assert torch.equal(weight, final_b["q_network"][name]), name
+    assert np.array_equal(final_a["rb"]["tree"], final_b["rb"]["tree"])
+    assert logged_scalars() == logged_a and len(logged_a["losses/td_loss"]) > 5
 
 
 def test_tracked_run_resumes_its_wandb_run(offline_wandb, monkeypatch):

@@ -69,16 +69,17 @@ def test_sum_tree_samples_in_proportion():
 def fill(module, num_envs=3, steps=400, seq_len=8, burn_in=3, overlap=3, n_step=2, done_prob=0.06, seed=0):
     """Synthetic episodes: every observation holds its episode's id (unique per run, never 0), the LSTM state
     handed to the buffer is 1 + t + env / 10, so a stored state tells the step it came from."""
-    frame_stack = 2 if module is r2d2_atari else None
     dtype = np.uint8 if module is r2d2_atari else np.float32
-    extra = (frame_stack,) if frame_stack else ()
-    rb = module.SequenceReplay(num_envs, 10_000, (1,), dtype, 4, seq_len, burn_in, overlap, n_step, 0.9, *extra)
+    extra = dict(frame_stack=2) if module is r2d2_atari else {}
+    sizes = dict(num_envs=num_envs, buffer_size=10_000, lstm_size=4, seq_len=seq_len, burn_in=burn_in, overlap=overlap)
+    args = module.Args(**sizes, n_step=n_step, prioritized_replay_alpha=0.9, **extra)
+    rb = module.SequenceReplay(args, (1,), dtype)
     rng = np.random.default_rng(seed)
     episode = 1 + 80 * np.arange(num_envs)
-    is_first, is_reset = np.ones(num_envs, bool), np.zeros(num_envs, bool)
+    is_first, is_reset_step = np.ones(num_envs, bool), np.zeros(num_envs, bool)
     steps_of = {}  # episode id -> (env, absolute steps that are real transitions)
     for t in range(steps):
-        done = (rng.random(num_envs) < done_prob) & ~is_reset
+        done = (rng.random(num_envs) < done_prob) & ~is_reset_step
         terminated = done & (rng.random(num_envs) < 0.5)
         state = np.repeat((1 + t + np.arange(num_envs) / 10)[:, None], 4, axis=1).astype(np.float32)
         rb.add(
@@ -88,14 +89,14 @@ def fill(module, num_envs=3, steps=400, seq_len=8, burn_in=3, overlap=3, n_step=
             terminated,
             done & ~terminated,
             is_first,
-            is_reset,
+            is_reset_step,
             state,
             state,
         )
-        for e in np.flatnonzero(~is_reset):
+        for e in np.flatnonzero(~is_reset_step):
             steps_of.setdefault(int(episode[e]), (e, []))[1].append(t)
-        episode = episode + is_reset  # the step after a reset step starts the next episode
-        is_first, is_reset = is_reset, done
+        episode = episode + is_reset_step  # the step after a reset step starts the next episode
+        is_first, is_reset_step = is_reset_step, done
     return rb, steps_of
 
 
@@ -118,13 +119,13 @@ def test_sequences_never_mix_two_episodes(module):
         assert (newest[~valid] == 0).all(), "padding must be zero"
         last = int(valid.nonzero().max())
         assert not batch["done"][: last - 1, b].any(), "an episode end inside a sequence"
-        assert not batch["is_reset"][:last, b].any(), "only the last valid step may be the reset step"
+        assert not batch["is_reset_step"][:last, b].any(), "only the last valid step may be the reset step"
 
     # every real transition is trained exactly once (overlap == burn-in), apart from the newest windows
     trained = {}
     for b, i in enumerate(ids):
         for p in range(rb.burn_in, rb.seq_len):
-            if batch["valid"][p, b] and not batch["is_reset"][p, b]:
+            if batch["valid"][p, b] and not batch["is_reset_step"][p, b]:
                 key = (int(rb.seq_env[i]), int(rb.seq_start[i]) + p)
                 trained[key] = trained.get(key, 0) + 1
     assert set(trained.values()) == {1}
@@ -166,8 +167,8 @@ def test_burn_in_steps_get_no_gradient():
     batch["obs"] = torch.randn_like(batch["obs"]).requires_grad_()
     batch["h"], batch["c"] = torch.randn(16, 4).requires_grad_(), torch.randn(16, 4)
     torch.manual_seed(0)
-    q_net, target_net = r2d2.QNetwork(1, 2, 4), r2d2.QNetwork(1, 2, 4)
-    td, mask, _ = r2d2.sequence_td_errors(q_net, target_net, batch, 4, 10, 3, 0.99)
+    q_network, target_network = r2d2.QNetwork(1, 2, 4), r2d2.QNetwork(1, 2, 4)
+    td, mask, _ = r2d2.sequence_td_errors(q_network, target_network, batch, 4, 10, 3, 0.99)
     (td**2).sum().backward()
     assert torch.count_nonzero(batch["obs"].grad[:4]) == 0
     assert torch.count_nonzero(batch["obs"].grad[4:10]) > 0
@@ -201,14 +202,14 @@ def test_n_step_double_q_targets_by_hand():
         done=done,
         terminated=terminated,
         valid=valid,
-        is_reset=torch.zeros(W, 2, dtype=torch.bool),
+        is_reset_step=torch.zeros(W, 2, dtype=torch.bool),
         prev_action=torch.zeros(W, 2, dtype=torch.long),
         prev_reward=torch.zeros(W, 2),
         is_first=torch.zeros(W, 2, dtype=torch.bool),
         h=torch.zeros(2, 1),
         c=torch.zeros(2, 1),
     )
-    batch["is_reset"][4] = True
+    batch["is_reset_step"][4] = True
     online, target = LookupNet([1.0, -1.0]), LookupNet([3.0, 10.0])  # online picks action 0, target rates it 3 obs
     td, mask, q_taken = r2d2.sequence_td_errors(online, target, batch, burn_in, seq_len, n, gamma)
     h, h_inv = r2d2.value_rescale, r2d2.inverse_value_rescale
@@ -236,8 +237,8 @@ def test_priorities_of_sampled_sequences_change_after_an_update():
     ids, batch = rb.sample(8, rng, 0.6, "cpu")
     before = rb.tree.get(ids).copy()
     assert np.allclose(before, 1.0)  # new sequences enter with the max priority
-    q_net, target_net = r2d2.QNetwork(1, 2, 4), r2d2.QNetwork(1, 2, 4)
-    td, mask, _ = r2d2.sequence_td_errors(q_net, target_net, batch, rb.burn_in, rb.seq_len, 2, 0.99)
+    q_network, target_network = r2d2.QNetwork(1, 2, 4), r2d2.QNetwork(1, 2, 4)
+    td, mask, _ = r2d2.sequence_td_errors(q_network, target_network, batch, rb.burn_in, rb.seq_len, 2, 0.99)
     priorities = r2d2.sequence_priorities(td.detach().abs(), mask, 0.9).numpy()
     rb.update_priorities(ids, priorities)
     after = rb.tree.get(ids)
@@ -259,9 +260,9 @@ def test_smoke_r2d2(tmp_path, monkeypatch):
         burn_in=4,
         overlap=4,
         n_step=3,
-        hidden_size=16,
+        lstm_size=16,
         replay_ratio=4.0,
-        target_update_interval=5,
+        target_network_frequency=5,
         log_interval=5,
         mask_velocity=True,
         save_model=True,
@@ -286,9 +287,9 @@ def test_smoke_r2d2_atari(tmp_path, monkeypatch):
         burn_in=4,
         overlap=4,
         n_step=2,
-        hidden_size=32,
+        lstm_size=32,
         replay_ratio=2.0,
-        target_update_interval=2,
+        target_network_frequency=2,
         log_interval=2,
     )
     scores = r2d2_atari.main(args)
