@@ -19,19 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
-from cleanrl_q_utils.plumbing import (
-    EpisodeStats,
-    Progress,
-    Run,
-    check_env_id,
-    check_flags,
-    check_memory,
-    fast_forward,
-    make_video_env,
-    pick_device,
-    resume,
-    seed_everything,
-)
+from cleanrl_q_utils import plumbing
 
 # 2: the plumbing module's checkpoint layout (the state under one "state" entry, the buffer under "rb").
 CHECKPOINT_FORMAT = 2
@@ -113,13 +101,13 @@ def validate_args(args: Args) -> None:
     positive = ("total_timesteps", "num_envs", "n_step", "batch_size", "eval_episodes", "train_frequency")
     positive += ("target_network_frequency", "learning_rate", "prioritized_replay_eps")
     unit = ("prioritized_replay_alpha", "prioritized_replay_beta", "gamma", "start_e", "end_e")
-    check_flags([(flag, getattr(args, flag), getattr(args, flag) > 0, "must be > 0") for flag in positive])
-    check_flags([(flag, getattr(args, flag), 0 <= getattr(args, flag) <= 1, "must be in [0, 1]") for flag in unit])
+    plumbing.check_flags([(flag, getattr(args, flag), getattr(args, flag) > 0, "must be > 0") for flag in positive])
+    plumbing.check_flags([(flag, getattr(args, flag), 0 <= getattr(args, flag) <= 1, "must be in [0, 1]") for flag in unit])
     # The buffer must hold a batch, and the first n-step window of every env.
     minimum = max(args.batch_size, args.num_envs * args.n_step)
     at_least = f"must be >= max(--batch-size, --num-envs * --n-step) = {minimum}"
     multiple = f"must be a multiple of --num-envs={args.num_envs}"
-    check_flags(
+    plumbing.check_flags(
         [
             ("buffer_size", args.buffer_size, args.buffer_size >= minimum, at_least),
             ("learning_starts", args.learning_starts, args.learning_starts >= minimum, at_least),
@@ -128,10 +116,10 @@ def validate_args(args: Args) -> None:
             ("checkpoint_every", args.checkpoint_every, args.checkpoint_every >= 0, "must be >= 0"),
         ]
     )
-    obs_shape = check_env_id(args.env_id).observation_space.shape
+    obs_shape = plumbing.check_env_id(args.env_id).observation_space.shape
     # numpy allocates lazily, so an oversized buffer would only fail (or start swapping) hours into the run.
     needed = replay_memory_bytes(args, obs_shape, buffer_obs_dtype(obs_shape))
-    check_memory(needed, "the replay", f"--buffer-size={args.buffer_size}")
+    plumbing.check_memory(needed, "the replay", f"--buffer-size={args.buffer_size}")
 
 
 def buffer_obs_dtype(obs_shape: tuple):
@@ -377,7 +365,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = 
     model.eval()
     episodes, seed, num_actions = args.eval_episodes, args.seed + 1, spec.action_space.n
     if args.capture_video:  # envpool does not render: a gymnasium env with the training preprocessing
-        env, scores = make_video_env(args.env_id, run_name, frame_stack=4, max_episode_steps=27000), []
+        env, scores = plumbing.make_video_env(args.env_id, run_name, frame_stack=4, max_episode_steps=27000), []
         for episode in range(episodes):
             obs, _ = env.reset(seed=seed + episode)
             done, score = False, 0.0
@@ -399,7 +387,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = 
     return scores.tolist()
 
 
-def train_step(args: Args, run: Run, q_network, target_network, optimizer, rb, global_step: int, device):
+def train_step(args: Args, run: plumbing.Run, q_network, target_network, optimizer, rb, global_step: int, device):
     """One gradient step on a prioritized batch, then the batch's new priorities. Returns the loss, the mean
     Q-value of the replayed actions (both as 0-d tensors) and beta."""
     beta = linear_schedule(args.prioritized_replay_beta, 1.0, args.total_timesteps, global_step)
@@ -422,22 +410,22 @@ def train_step(args: Args, run: Run, q_network, target_network, optimizer, rb, g
 
 
 def main(args: Args) -> list[float]:
-    args, checkpoint = resume(args, __file__, CHECKPOINT_FORMAT)
+    args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    with Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
-        seed_everything(args.seed, args.torch_deterministic)
+    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+        plumbing.seed_everything(args.seed, args.torch_deterministic)
         envs = make_env(args.env_id, args.num_envs, args.seed)
         obs_shape, num_actions = envs.observation_space.shape, envs.action_space.n
         obs_dtype = buffer_obs_dtype(obs_shape)
         # A small MLP only pays synchronization for intra-op threads; one thread also frees results from the core count.
-        device = pick_device(args.cuda, cpu_threads=1 if len(obs_shape) == 1 else None)
+        device = plumbing.pick_device(args.cuda, cpu_threads=1 if len(obs_shape) == 1 else None)
         q_network = DuelingQNetwork(obs_shape, num_actions, args.hidden_size).to(device)
         target_network = DuelingQNetwork(obs_shape, num_actions, args.hidden_size).to(device)
         target_network.load_state_dict(q_network.state_dict())
         optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
         rb = PrioritizedReplayBuffer(args.buffer_size, obs_shape, obs_dtype, args.prioritized_replay_alpha, seed=args.seed)
         window = NStepWindow(args.n_step, args.num_envs, obs_shape, obs_dtype, args.gamma)
-        stats = EpisodeStats(args.num_envs)
+        stats = plumbing.EpisodeStats(args.num_envs)
 
         num_iterations = args.total_timesteps // args.num_envs
         steps_per_update = args.train_frequency // args.num_envs
@@ -472,8 +460,8 @@ def main(args: Args) -> list[float]:
             iteration, updates, last_target_update = saved["iteration"], saved["updates"], saved["last_target_update"]
             if saved["rb"] is None:  # an empty buffer: act for another learning_starts steps before sampling from it
                 learning_starts = iteration * args.num_envs + args.learning_starts
-            obs = fast_forward(envs, action_log[:iteration], obs)
-        progress = Progress(args.total_timesteps, iteration * args.num_envs)
+            obs = plumbing.fast_forward(envs, action_log[:iteration], obs)
+        progress = plumbing.Progress(args.total_timesteps, iteration * args.num_envs)
 
         for iteration in range(iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs

@@ -20,20 +20,7 @@ import torch
 import torch.nn as nn
 import tyro
 
-from cleanrl_q_utils.plumbing import (
-    EpisodeStats,
-    Progress,
-    Run,
-    check_env_id,
-    check_flags,
-    check_memory,
-    fast_forward,
-    flag_error,
-    make_video_env,
-    pick_device,
-    resume,
-    seed_everything,
-)
+from cleanrl_q_utils import plumbing
 
 
 @dataclass
@@ -114,25 +101,27 @@ class Args:
 
 
 def validate_args(args: Args) -> None:
-    spec = check_env_id(args.env_id)
+    spec = plumbing.check_env_id(args.env_id)
     if len(spec.observation_space.shape) != 1:
-        flag_error("env_id", args.env_id, "needs vector observations (for Atari use iqn_atari.py)")
+        plumbing.flag_error("env_id", args.env_id, "needs vector observations (for Atari use iqn_atari.py)")
     positive = (
         "total_timesteps num_envs n_step batch_size train_frequency target_network_frequency exploration_fraction kappa "
         "num_tau_samples num_tau_prime_samples num_quantile_samples quantile_embedding_dim hidden_size learning_rate adam_eps"
     ).split()
     probabilities, values = ("gamma", "start_e", "end_e", "eval_epsilon"), vars(args)
-    check_flags(
+    plumbing.check_flags(
         [(name, values[name], values[name] > 0, "must be > 0") for name in positive]
         + [(name, values[name], 0.0 <= values[name] <= 1.0, "must be in [0, 1]") for name in probabilities]
         + [(name, values[name], values[name] >= 0, "must be >= 0") for name in ("eval_episodes", "checkpoint_every")]
     )
     if args.learning_starts < args.batch_size:
-        flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
+        plumbing.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 4):
         needs = f"must hold --learning-starts={args.learning_starts} steps and at least 4 steps per environment"
-        flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
-    check_memory(replay_memory_bytes(args, spec.observation_space.shape), "the replay", f"--buffer-size={args.buffer_size}")
+        plumbing.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
+    plumbing.check_memory(
+        replay_memory_bytes(args, spec.observation_space.shape), "the replay", f"--buffer-size={args.buffer_size}"
+    )
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
@@ -318,7 +307,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = 
     scores. The environments are seeded with `args.seed + 1`, apart from the training ones."""
     seed = args.seed + 1
     if args.capture_video:
-        envs = gym.vector.SyncVectorEnv([lambda: make_video_env(args.env_id, run_name)])
+        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name)])
     else:
         envs = make_env(args.env_id, 1, seed)
     obs_dim, num_actions = int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.n
@@ -341,11 +330,11 @@ CHECKPOINT_FORMAT = 2  # the layout of checkpoint.pt: a resume refuses files of 
 
 
 def main(args: Args) -> list[float]:
-    args, checkpoint = resume(args, __file__, CHECKPOINT_FORMAT)
+    args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    with Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
-        seed_everything(args.seed, args.torch_deterministic)
-        device = pick_device(args.cuda, cpu_threads=1)  # a network this small only pays synchronization for threads
+    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+        plumbing.seed_everything(args.seed, args.torch_deterministic)
+        device = plumbing.pick_device(args.cuda, cpu_threads=1)  # a network this small only pays synchronization for threads
         envs = make_env(args.env_id, args.num_envs, args.seed)
         num_actions, obs_shape = envs.single_action_space.n, envs.single_observation_space.shape
         network_sizes = (int(np.prod(obs_shape)), num_actions, args.quantile_embedding_dim, args.hidden_size)
@@ -358,7 +347,7 @@ def main(args: Args) -> list[float]:
         num_iterations = -(-args.total_timesteps // args.num_envs)
         # Every action sent to envs.step, reset steps included: a resume replays them to rebuild the environments.
         action_log = np.zeros((num_iterations, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
-        episode_stats = EpisodeStats(args.num_envs)
+        episode_stats = plumbing.EpisodeStats(args.num_envs)
         obs, _ = envs.reset()  # envpool is seeded at construction
         is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
         iteration = num_updates = 0
@@ -382,11 +371,11 @@ def main(args: Args) -> list[float]:
         if checkpoint:
             saved = run.restore({**checkpoint_state(), "action_log": action_log})  # the saved log fills its first rows
             iteration, num_updates = saved["iteration"], saved["num_updates"]
-            obs = fast_forward(envs, action_log[:iteration], obs)
+            obs = plumbing.fast_forward(envs, action_log[:iteration], obs)
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
                 learn_after = iteration * args.num_envs + args.learning_starts
         global_step = iteration * args.num_envs
-        progress = Progress(args.total_timesteps, global_step)
+        progress = plumbing.Progress(args.total_timesteps, global_step)
         while global_step < args.total_timesteps:
             global_step += args.num_envs
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)

@@ -19,20 +19,8 @@ import torch
 import torch.nn as nn
 import tyro
 
+from cleanrl_q_utils import plumbing
 from cleanrl_q_utils.flat_radam import RAdam, flatten_parameters
-from cleanrl_q_utils.plumbing import (
-    EpisodeStats,
-    Progress,
-    Run,
-    check_env_id,
-    check_flags,
-    check_memory,
-    fast_forward,
-    make_video_env,
-    pick_device,
-    resume,
-    seed_everything,
-)
 
 
 @dataclass
@@ -102,12 +90,12 @@ def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> i
 
 def validate_args(args: Args) -> None:
     """Stops with one clear message on flags that cannot work, before anything is built."""
-    spec = check_env_id(args.env_id)
+    spec = plumbing.check_env_id(args.env_id)
     positive = ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes")
-    check_flags([(flag, getattr(args, flag), getattr(args, flag) >= 1, "must be at least 1") for flag in positive])
+    plumbing.check_flags([(flag, getattr(args, flag), getattr(args, flag) >= 1, "must be at least 1") for flag in positive])
     batch_size = args.num_envs * args.num_steps
     batch = f"num_envs * num_steps = {batch_size}"
-    check_flags(
+    plumbing.check_flags(
         [
             ("num_minibatches", args.num_minibatches, batch_size % args.num_minibatches == 0, f"must divide {batch}"),
             ("total_timesteps", args.total_timesteps, args.total_timesteps >= batch_size, f"must be at least {batch}"),
@@ -119,7 +107,7 @@ def validate_args(args: Args) -> None:
     )
     # Observations are stored as float32 whatever the env's dtype (see `main`).
     needed = rollout_memory_bytes(args, spec.observation_space.shape, np.float32)
-    check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
+    plumbing.check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
@@ -190,7 +178,9 @@ def fold_reset_steps(
     return rewards, next_dones
 
 
-def train_on_rollout(q_network: QNetwork, optimizer: RAdam, batch: tuple, args: Args, run: Run, global_step: int) -> tuple:
+def train_on_rollout(
+    q_network: QNetwork, optimizer: RAdam, batch: tuple, args: Args, run: plumbing.Run, global_step: int
+) -> tuple:
     """`update_epochs` passes of `num_minibatches` minibatches over the flattened rollout `batch` = (obs, actions,
     returns, valid), each of length num_envs * num_steps. Returns the loss and Q(s, a) of the last minibatch."""
     b_obs, b_actions, b_returns, b_valid = batch
@@ -210,25 +200,16 @@ def train_on_rollout(q_network: QNetwork, optimizer: RAdam, batch: tuple, args: 
     return loss, q_taken
 
 
-def evaluate(
-    model_path: str,
-    env_id: str,
-    eval_episodes: int,
-    device: torch.device,
-    epsilon: float = 0.05,
-    capture_video: bool = False,
-    run_name: str = "eval",
-    seed: int = 1,
-) -> list[float]:
-    """Plays `eval_episodes` episodes with a saved model and returns their scores."""
-    if capture_video:  # envpool does not render; a gymnasium env with the same dynamics records the video
-        envs = gym.vector.SyncVectorEnv([lambda: make_video_env(env_id, run_name)])
-        obs, _ = envs.reset(seed=seed)
+def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = "eval", epsilon: float = 0.05) -> list[float]:
+    """Plays `args.eval_episodes` episodes with a saved model and returns their scores."""
+    if args.capture_video:  # envpool does not render; a gymnasium env with the same dynamics records the video
+        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name)])
+        obs, _ = envs.reset(seed=args.seed)
     else:  # one environment per episode, so that short episodes are not over-represented
-        envs = make_env(env_id, eval_episodes, seed)
+        envs = make_env(args.env_id, args.eval_episodes, args.seed)
         obs, _ = envs.reset()
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
-    quota = np.full(num_envs, eval_episodes // num_envs)
+    quota = np.full(num_envs, args.eval_episodes // num_envs)
     model = QNetwork(int(np.prod(envs.single_observation_space.shape)), num_actions).to(device)
     model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
     model.eval()
@@ -253,15 +234,15 @@ CHECKPOINT_FORMAT = 3  # 3: the state `main` lists in `checkpoint_state`
 
 
 def main(args: Args) -> list[float]:
-    args, checkpoint = resume(args, __file__, CHECKPOINT_FORMAT)
+    args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     epsilon_duration = args.exploration_fraction * args.total_timesteps
-    with Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
-        seed_everything(args.seed, args.torch_deterministic)
+    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+        plumbing.seed_everything(args.seed, args.torch_deterministic)
         # A network this small gains nothing from intra-op threads; they only add synchronization per call.
-        device = pick_device(args.cuda, cpu_threads=1)
+        device = plumbing.pick_device(args.cuda, cpu_threads=1)
 
         def to_device(array: np.ndarray) -> torch.Tensor:
             return torch.as_tensor(array, device=device)
@@ -280,14 +261,13 @@ def main(args: Args) -> list[float]:
         max_q = torch.zeros((args.num_steps, args.num_envs), device=device)
         # Every action sent to the envs, so that a resumed run can rebuild them by replaying it.
         action_log = np.zeros((num_iterations * args.num_steps, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
-        stats = EpisodeStats(args.num_envs)
+        stats = plumbing.EpisodeStats(args.num_envs)
         next_obs = envs.reset()[0]
         next_is_reset_step = np.zeros(args.num_envs, dtype=bool)
 
         def checkpoint_state(iterations_done: int = num_iterations) -> dict:
-            """Everything a resumed run needs after `iterations_done` iterations. Checkpoints fall on iteration
-            boundaries, where the rollout storage holds nothing still needed; the default keeps the whole action log,
-            for a restore to load the saved part into."""
+            # Checkpoints fall between iterations, when the rollout storage holds nothing still needed; the default
+            # covers the whole action log, for a restore to load the saved rows into.
             return {
                 "iteration": iterations_done,
                 "q_network": q_network,
@@ -301,9 +281,9 @@ def main(args: Args) -> list[float]:
         start_iteration = 0
         if checkpoint is not None:
             start_iteration = run.restore(checkpoint_state())["iteration"]
-            next_obs = fast_forward(envs, action_log[: start_iteration * args.num_steps], next_obs, actions.dtype)
+            next_obs = plumbing.fast_forward(envs, action_log[: start_iteration * args.num_steps], next_obs, actions.dtype)
         global_step = start_iteration * batch_size
-        progress = Progress(args.total_timesteps, global_step)
+        progress = plumbing.Progress(args.total_timesteps, global_step)
         for iteration in range(start_iteration, num_iterations):
             if args.anneal_lr:
                 optimizer.lr = (1.0 - iteration / num_iterations) * args.learning_rate
@@ -337,12 +317,8 @@ def main(args: Args) -> list[float]:
                     to_device(rewards), to_device(terminations), max_q, to_device(is_reset_step)
                 )
                 returns = q_lambda_returns(fold_rewards, fold_dones, next_max_q, args.gamma, args.q_lambda)
-            batch = (
-                to_device(obs).reshape((-1,) + obs_shape),
-                to_device(actions).reshape(-1),
-                returns.reshape(-1),
-                to_device(~is_reset_step).reshape(-1).float(),
-            )
+            b_obs, b_actions, b_valid = to_device(obs), to_device(actions), to_device(~is_reset_step).float()
+            batch = (b_obs.reshape((-1,) + obs_shape), b_actions.reshape(-1), returns.reshape(-1), b_valid.reshape(-1))
             loss, q_taken = train_on_rollout(q_network, optimizer, batch, args, run, global_step)
 
             is_last = iteration == num_iterations - 1
@@ -360,9 +336,7 @@ def main(args: Args) -> list[float]:
             model_path = f"{run.dir}/{args.exp_name}.cleanrl_model"
             torch.save(q_network.state_dict(), model_path)
             print(f"model saved to {model_path}")
-            scores = evaluate(
-                model_path, args.env_id, args.eval_episodes, device, 0.05, args.capture_video, run.name, args.seed
-            )
+            scores = evaluate(model_path, args, device, run.name)
             for idx, score in enumerate(scores):
                 run.writer.add_scalar("eval/episodic_return", score, idx)
         envs.close()

@@ -21,20 +21,7 @@ import torch.nn as nn
 import torch.optim as optim
 import tyro
 
-from cleanrl_q_utils.plumbing import (
-    EpisodeStats,
-    Progress,
-    Run,
-    check_env_id,
-    check_flags,
-    check_memory,
-    fast_forward,
-    flag_error,
-    make_video_env,
-    pick_device,
-    resume,
-    seed_everything,
-)
+from cleanrl_q_utils import plumbing
 
 
 @dataclass
@@ -106,14 +93,14 @@ def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> i
 
 def validate_args(args: Args) -> None:
     """Stops with one clear message on flags that cannot work, before anything is built."""
-    spec = check_env_id(args.env_id)
+    spec = plumbing.check_env_id(args.env_id)
     if len(spec.observation_space.shape) != 3:
-        flag_error("env_id", args.env_id, "not an Atari game (image observations); use cleanrl/pqn.py")
+        plumbing.flag_error("env_id", args.env_id, "not an Atari game (image observations); use cleanrl/pqn.py")
     positive = ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes")
-    check_flags([(flag, getattr(args, flag), getattr(args, flag) >= 1, "must be at least 1") for flag in positive])
+    plumbing.check_flags([(flag, getattr(args, flag), getattr(args, flag) >= 1, "must be at least 1") for flag in positive])
     batch_size = args.num_envs * args.num_steps
     batch = f"num_envs * num_steps = {batch_size}"
-    check_flags(
+    plumbing.check_flags(
         [
             ("num_minibatches", args.num_minibatches, batch_size % args.num_minibatches == 0, f"must divide {batch}"),
             ("total_timesteps", args.total_timesteps, args.total_timesteps >= batch_size, f"must be at least {batch}"),
@@ -124,23 +111,14 @@ def validate_args(args: Args) -> None:
         ]
     )
     needed = rollout_memory_bytes(args, spec.observation_space.shape, spec.observation_space.dtype)
-    check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
+    plumbing.check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
 
 
 def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool = True, reward_clip: bool = True):
     """envpool Atari: 84x84 gray, 4 stacked frames, frame skip 4, 1-30 no-ops, no sticky actions, 108k-frame cap."""
-    return envpool.make(
-        env_id,
-        env_type="gymnasium",
-        num_envs=num_envs,
-        seed=seed,
-        episodic_life=episodic_life,
-        reward_clip=reward_clip,
-        stack_num=4,
-        max_episode_steps=27_000,
-        noop_max=30,
-        repeat_action_probability=0.0,
-    )
+    protocol = dict(stack_num=4, max_episode_steps=27_000, noop_max=30, repeat_action_probability=0.0)
+    life_and_clip = dict(episodic_life=episodic_life, reward_clip=reward_clip)
+    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **protocol, **life_and_clip)
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
@@ -216,7 +194,7 @@ def fold_reset_steps(
 
 
 def train_on_rollout(
-    q_network: QNetwork, optimizer: optim.Optimizer, batch: tuple, args: Args, run: Run, global_step: int
+    q_network: QNetwork, optimizer: optim.Optimizer, batch: tuple, args: Args, run: plumbing.Run, global_step: int
 ) -> tuple:
     """`update_epochs` passes of `num_minibatches` minibatches over the flattened rollout `batch` = (obs, actions,
     returns, valid), each of length num_envs * num_steps. Returns the loss and Q(s, a) of the last minibatch."""
@@ -237,25 +215,16 @@ def train_on_rollout(
     return loss, q_taken
 
 
-def evaluate(
-    model_path: str,
-    env_id: str,
-    eval_episodes: int,
-    device: torch.device,
-    epsilon: float = 0.05,
-    capture_video: bool = False,
-    run_name: str = "eval",
-    seed: int = 1,
-) -> list[float]:
-    """Plays `eval_episodes` full games (all lives) with a saved model and returns their scores."""
-    if capture_video:
-        envs = gym.vector.SyncVectorEnv([lambda: make_video_env(env_id, run_name, frame_stack=4)])
-        obs, _ = envs.reset(seed=seed)
+def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = "eval") -> list[float]:
+    """Plays `args.eval_episodes` full games (all lives) with a saved model and returns their scores."""
+    if args.capture_video:
+        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name, frame_stack=4)])
+        obs, _ = envs.reset(seed=args.seed)
     else:  # one environment per game, so that short games are not over-represented
-        envs = make_env(env_id, eval_episodes, seed, episodic_life=False, reward_clip=False)
+        envs = make_env(args.env_id, args.eval_episodes, args.seed, episodic_life=False, reward_clip=False)
         obs, _ = envs.reset()
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
-    quota = np.full(num_envs, eval_episodes // num_envs)
+    quota = np.full(num_envs, args.eval_episodes // num_envs)
     model = QNetwork(num_actions).to(device)
     model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
     model.eval()
@@ -263,7 +232,7 @@ def evaluate(
     while quota.sum() > 0:
         with torch.no_grad():
             greedy = model(torch.as_tensor(obs, device=device)).argmax(1).cpu().numpy()
-        explore = np.random.rand(num_envs) < epsilon
+        explore = np.random.rand(num_envs) < args.eval_epsilon
         actions = np.where(explore, np.random.randint(num_actions, size=num_envs), greedy)
         obs, reward, terminated, truncated, _ = envs.step(actions)
         game_returns += reward  # unclipped: reward clipping is off here
@@ -280,14 +249,14 @@ CHECKPOINT_FORMAT = 2  # 2: the state `main` lists in `checkpoint_state`
 
 
 def main(args: Args) -> list[float]:
-    args, checkpoint = resume(args, __file__, CHECKPOINT_FORMAT)
+    args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     epsilon_duration = args.exploration_fraction * args.total_timesteps
-    with Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
-        seed_everything(args.seed, args.torch_deterministic)
-        device = pick_device(args.cuda)
+    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+        plumbing.seed_everything(args.seed, args.torch_deterministic)
+        device = plumbing.pick_device(args.cuda)
 
         def to_device(array: np.ndarray) -> torch.Tensor:
             return torch.as_tensor(array, device=device)
@@ -306,14 +275,13 @@ def main(args: Args) -> list[float]:
         max_q = torch.zeros((args.num_steps, args.num_envs), device=device)
         # Every action sent to the envs, so that a resumed run can rebuild them by replaying it.
         action_log = np.zeros((num_iterations * args.num_steps, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
-        stats = EpisodeStats(args.num_envs)
+        stats = plumbing.EpisodeStats(args.num_envs)
         next_obs = envs.reset()[0]
         next_is_reset_step = np.zeros(args.num_envs, dtype=bool)
 
         def checkpoint_state(iterations_done: int = num_iterations) -> dict:
-            """Everything a resumed run needs after `iterations_done` iterations. Checkpoints fall on iteration
-            boundaries, where the rollout storage holds nothing still needed; the default keeps the whole action log,
-            for a restore to load the saved part into."""
+            # Checkpoints fall between iterations, when the rollout storage holds nothing still needed; the default
+            # covers the whole action log, for a restore to load the saved rows into.
             return {
                 "iteration": iterations_done,
                 "q_network": q_network,
@@ -327,9 +295,9 @@ def main(args: Args) -> list[float]:
         start_iteration = 0
         if checkpoint is not None:
             start_iteration = run.restore(checkpoint_state())["iteration"]
-            next_obs = fast_forward(envs, action_log[: start_iteration * args.num_steps], next_obs, actions.dtype)
+            next_obs = plumbing.fast_forward(envs, action_log[: start_iteration * args.num_steps], next_obs, actions.dtype)
         global_step = start_iteration * batch_size
-        progress = Progress(args.total_timesteps, global_step)
+        progress = plumbing.Progress(args.total_timesteps, global_step)
         for iteration in range(start_iteration, num_iterations):
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = (1.0 - iteration / num_iterations) * args.learning_rate
@@ -364,12 +332,8 @@ def main(args: Args) -> list[float]:
                     to_device(rewards), to_device(terminations), max_q, to_device(is_reset_step)
                 )
                 returns = q_lambda_returns(fold_rewards, fold_dones, next_max_q, args.gamma, args.q_lambda)
-            batch = (
-                to_device(obs).reshape((-1,) + obs_shape),
-                to_device(actions).reshape(-1),
-                returns.reshape(-1),
-                to_device(~is_reset_step).reshape(-1).float(),
-            )
+            b_obs, b_actions, b_valid = to_device(obs), to_device(actions), to_device(~is_reset_step).float()
+            batch = (b_obs.reshape((-1,) + obs_shape), b_actions.reshape(-1), returns.reshape(-1), b_valid.reshape(-1))
             loss, q_taken = train_on_rollout(q_network, optimizer, batch, args, run, global_step)
 
             is_last = iteration == num_iterations - 1
@@ -387,9 +351,7 @@ def main(args: Args) -> list[float]:
             model_path = f"{run.dir}/{args.exp_name}.cleanrl_model"
             torch.save(q_network.state_dict(), model_path)
             print(f"model saved to {model_path}")
-            scores = evaluate(
-                model_path, args.env_id, args.eval_episodes, device, args.eval_epsilon, args.capture_video, run.name, args.seed
-            )
+            scores = evaluate(model_path, args, device, run.name)
             for idx, score in enumerate(scores):
                 run.writer.add_scalar("eval/episodic_return", score, idx)
         envs.close()

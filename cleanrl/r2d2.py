@@ -20,19 +20,7 @@ import torch
 import torch.nn as nn
 import tyro
 
-from cleanrl_q_utils.plumbing import (
-    EpisodeStats,
-    Progress,
-    Run,
-    check_env_id,
-    check_flags,
-    check_memory,
-    fast_forward,
-    make_video_env,
-    pick_device,
-    resume,
-    seed_everything,
-)
+from cleanrl_q_utils import plumbing
 
 CHECKPOINT_FORMAT = 2
 
@@ -121,7 +109,7 @@ class Args:
 
 
 def validate_args(args: Args) -> None:
-    spec = check_env_id(args.env_id)
+    spec = plumbing.check_env_id(args.env_id)
     min_buffer = args.num_envs * 2 * (args.seq_len + args.n_step)
     max_n_step = args.seq_len - args.burn_in
     checks = [
@@ -142,9 +130,9 @@ def validate_args(args: Args) -> None:
         ("total_timesteps", args.total_timesteps, args.total_timesteps >= args.num_envs, "at least --num-envs"),
         ("checkpoint_every", args.checkpoint_every, args.checkpoint_every >= 0, "at least 0 (0: only on a signal)"),
     ]
-    check_flags(checks)
+    plumbing.check_flags(checks)
     obs_shape = observe(np.zeros((1, *spec.observation_space.shape)), args.mask_velocity).shape[1:]
-    check_memory(replay_memory_bytes(args, obs_shape, np.float32), "the replay", f"--buffer-size={args.buffer_size}")
+    plumbing.check_memory(replay_memory_bytes(args, obs_shape, np.float32), "the replay", f"--buffer-size={args.buffer_size}")
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
@@ -457,7 +445,7 @@ def evaluate(model_path: str, args: Args, device, run_name: str, epsilon: float 
     model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
     scores = play(model, envs, obs, args.mask_velocity, device, epsilon)
     if args.capture_video:
-        video_env = gym.vector.SyncVectorEnv([lambda: make_video_env(args.env_id, run_name)])
+        video_env = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name)])
         play(model, video_env, video_env.reset(seed=0)[0], args.mask_velocity, device, epsilon=0.0)
         video_env.close()
     return scores
@@ -469,12 +457,12 @@ def to_step_inputs(obs, prev_action, prev_reward, is_first, device):
 
 
 def main(args: Args) -> list[float]:
-    args, checkpoint = resume(args, __file__, CHECKPOINT_FORMAT)  # a resumed run goes on with the checkpoint's flags
+    args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)  # a resumed run goes on with the checkpoint's flags
     validate_args(args)
-    with Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
-        seed_everything(args.seed, args.torch_deterministic)
+    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+        plumbing.seed_everything(args.seed, args.torch_deterministic)
         rng = np.random.default_rng(args.seed)
-        device = pick_device(args.cuda, cpu_threads=1)
+        device = plumbing.pick_device(args.cuda, cpu_threads=1)
 
         envs = make_env(args.env_id, args.num_envs, args.seed)
         num_envs, num_actions = args.num_envs, int(envs.action_space.n)
@@ -493,7 +481,7 @@ def main(args: Args) -> list[float]:
         h, c = torch.zeros(2, num_envs, args.lstm_size, device=device)  # the actors' LSTM state
         is_first, is_reset_step = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
         prev_action, prev_reward = np.full(num_envs, -1), np.zeros(num_envs, dtype=np.float32)
-        stats = EpisodeStats(num_envs)
+        stats = plumbing.EpisodeStats(num_envs)
         update_credit, updates, learn_from = 0.0, 0, args.learning_starts
         num_iterations = args.total_timesteps // num_envs
         global_step = checkpoint["global_step"] if checkpoint else 0  # sets the log's length in checkpoint_state
@@ -510,10 +498,10 @@ def main(args: Args) -> list[float]:
         if checkpoint is not None:
             saved = run.restore(checkpoint_state())
             update_credit, updates, learn_from = saved["update_credit"], saved["updates"], saved["learn_from"]
-            obs = fast_forward(envs, action_log[: global_step // num_envs], obs)
+            obs = plumbing.fast_forward(envs, action_log[: global_step // num_envs], obs)
             if not rb.save_arrays:  # the replay starts empty: collect again before learning
                 learn_from = checkpoint["global_step"] + args.learning_starts
-        progress = Progress(args.total_timesteps, global_step)
+        progress = plumbing.Progress(args.total_timesteps, global_step)
         for iteration in range(global_step // num_envs, num_iterations):
             global_step = (iteration + 1) * num_envs
             keep = torch.as_tensor(~is_first, device=device).float().unsqueeze(-1)

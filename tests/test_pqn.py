@@ -177,16 +177,6 @@ def test_reset_steps_never_enter_the_loss(monkeypatch, tmp_path):
     assert masks[:, 1].nonzero().flatten().tolist() == list(range(3, 40, 4))
 
 
-def test_episode_stats_counts_time_outs_and_skips_reset_steps():
-    stats = pqn.EpisodeStats(2)
-    rewards = [np.array([1.0, 2.0]), np.array([1.0, 2.0]), np.array([0.0, 2.0]), np.array([3.0, 0.0])]
-    reset = [np.array([False, False]), np.array([False, False]), np.array([True, False]), np.array([False, True])]
-    over = [np.array([False, False]), np.array([True, False]), np.array([False, True]), np.array([False, False])]
-    finished = [stats.update(r, s, o) for r, s, o in zip(rewards, reset, over)]
-    assert finished == [[], [(2.0, 2)], [(6.0, 3)], []]
-    assert stats.returns.tolist() == [3.0, 0.0] and stats.lengths.tolist() == [1, 0]
-
-
 @pytest.mark.parametrize(
     "module, flags, flag_name",
     [
@@ -247,7 +237,7 @@ def test_atari_evaluate_plays_full_games(monkeypatch, tmp_path):
             "make_env",
             lambda *a, **k: ScriptedPool(episodes, (1 if module is pqn_atari_envpool_lstm else 4, 84, 84), 4),
         )
-        scores = module.evaluate(str(path), "Breakout-v5", 2, torch.device("cpu"))
+        scores = module.evaluate(str(path), module.Args(env_id="Breakout-v5", eval_episodes=2), torch.device("cpu"))
         assert sorted(scores) == [210.0, 465.0]
 
 
