@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cleanrl.recurrent_iqn_atari import segment_bounds, unroll_lstm  # noqa: E402
+from cleanrl_q_utils.lstm_unroll import segment_bounds, unroll_lstm  # noqa: E402
 
 
 def cell_loop(lstm, cell, x, state, keep):

@@ -9,6 +9,7 @@ import signal
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanrl import recurrent_iqn, recurrent_iqn_atari
 
@@ -18,9 +19,9 @@ TINY = dict(
     lstm_size=8,
     hidden_size=8,
     quantile_embedding_dim=6,
-    num_quantiles=3,
-    num_target_quantiles=3,
-    num_action_quantiles=3,
+    num_tau_samples=3,
+    num_tau_prime_samples=3,
+    num_quantile_samples=3,
     cuda=False,
     num_envs=4,
     buffer_size=400,
@@ -53,35 +54,59 @@ def test_sigint_writes_checkpoint(tmp_path, monkeypatch):
     recurrent_iqn.main(vector_args(save_model=True))
     (path,) = glob.glob("runs/*/checkpoint.pt")
     checkpoint = load(path)
-    assert checkpoint["global_step"] == 50 * 4 and checkpoint["replay"] is None
+    assert checkpoint["global_step"] == 50 * 4 and checkpoint["state"]["rb"] is None
     assert not glob.glob("runs/*/*.cleanrl_model")  # an interrupted run neither saves nor evaluates the model
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
 
 
-@pytest.mark.parametrize("options", [{}, dict(prioritized_replay=True)], ids=["uniform", "prioritized"])
-def test_resumed_run_is_bitwise_the_uninterrupted_run(options, tmp_path, monkeypatch):
-    flags = dict(checkpoint_every=1000, checkpoint_replay=True, **options)
+def scalars(run_dir):
+    """Every TensorBoard scalar of a run directory but the wall-clock SPS: tag -> [(step, value)]."""
+    accumulator = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    tags = [tag for tag in accumulator.Tags()["scalars"] if tag != "charts/SPS"]
+    return {tag: [(event.step, event.value) for event in accumulator.Scalars(tag)] for tag in tags}
+
+
+# (module, flags, the envs.step call the signal arrives at): every run learns before and after the interruption
+RESUMED_RUNS = {
+    "uniform": (recurrent_iqn, dict(total_timesteps=1200, checkpoint_every=500), 150),
+    "prioritized": (recurrent_iqn, dict(total_timesteps=1200, checkpoint_every=500, prioritized_replay=True), 150),
+    "atari": (
+        recurrent_iqn_atari,
+        dict(env_id="Breakout-v5", total_timesteps=400, max_episode_steps=80, checkpoint_every=400),
+        45,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", RESUMED_RUNS)
+def test_resumed_run_is_bitwise_the_uninterrupted_run(name, tmp_path, monkeypatch):
+    module, options, interrupt_at = RESUMED_RUNS[name]
+    flags = dict(TINY, checkpoint_replay=True, **options)
     for run in "ab":  # separate run directories: two runs can start within the same second
         (tmp_path / run).mkdir()
     monkeypatch.chdir(tmp_path / "a")
-    returns_a = recurrent_iqn.main(vector_args(**flags))
+    returns_a = module.main(module.Args(**flags))
     path_a = checkpoint_path()
 
     monkeypatch.chdir(tmp_path / "b")
-    interrupt_at_step(monkeypatch, recurrent_iqn, 240)  # global step 960, between two periodic checkpoints
-    recurrent_iqn.main(vector_args(**flags))
+    interrupt_at_step(monkeypatch, module, interrupt_at)  # between two periodic checkpoints
+    module.main(module.Args(**flags))
     path_b = checkpoint_path()
-    assert load(path_b)["global_step"] == 960
-    returns_b = recurrent_iqn.main(vector_args(resume=path_b, checkpoint_every=1000))
+    interrupted = load(path_b)
+    assert interrupted["global_step"] == interrupt_at * 4 and interrupted["state"]["updates"] > 0
+    assert interrupted["state"]["rb"]["obs"].dtype == (torch.uint8 if module is recurrent_iqn_atari else torch.float32)
+    returns_b = module.main(module.Args(resume=path_b, checkpoint_every=flags["checkpoint_every"]))
 
-    a, b = load(path_a), load(path_b)
-    assert a["global_step"] == b["global_step"] == 2000
-    for key in ["network", "target_network"]:
+    assert load(path_a)["global_step"] == load(path_b)["global_step"] == flags["total_timesteps"]
+    a, b = load(path_a)["state"], load(path_b)["state"]
+    for key in ["q_network", "target_network"]:
         assert all(torch.equal(a[key][name], b[key][name]) for name in a[key])
     for state_a, state_b in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
         assert all(torch.equal(state_a[key], state_b[key]) for key in ["exp_avg", "exp_avg_sq"])
-    assert a["updates"] == b["updates"] > 0
+    assert a["updates"] == b["updates"] > interrupted["state"]["updates"]
     assert returns_a == returns_b and len(returns_a) > 0
+    assert scalars(os.path.dirname(path_a)) == scalars(os.path.dirname(path_b))
 
 
 def test_resume_without_replay_waits_for_learning_starts(tmp_path, monkeypatch):
@@ -89,7 +114,7 @@ def test_resume_without_replay_waits_for_learning_starts(tmp_path, monkeypatch):
     interrupt_at_step(monkeypatch, recurrent_iqn, 100)
     recurrent_iqn.main(vector_args())
     (path,) = glob.glob("runs/*/checkpoint.pt")
-    assert load(path)["updates"] > 0
+    assert load(path)["state"]["updates"] > 0
     train_step, filled = recurrent_iqn.train_step, []  # steps per environment in the replay at each update
     monkeypatch.setattr(recurrent_iqn, "train_step", lambda *a: filled.append(a[4].pos) or train_step(*a))
     recurrent_iqn.main(vector_args(resume=path, total_timesteps=1000))
@@ -150,15 +175,3 @@ def test_seeded_runs_repeat_exactly(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "b")
     second = recurrent_iqn.main(vector_args(total_timesteps=1000))
     assert first == second and len(first) > 0
-
-
-def test_atari_sigint_checkpoint_and_resume(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    args = dict(TINY, env_id="Breakout-v5", total_timesteps=400, max_episode_steps=80, checkpoint_replay=True)
-    interrupt_at_step(monkeypatch, recurrent_iqn_atari, 45)
-    recurrent_iqn_atari.main(recurrent_iqn_atari.Args(**args))
-    (path,) = glob.glob("runs/*/checkpoint.pt")
-    checkpoint = load(path)
-    assert checkpoint["global_step"] == 180 and checkpoint["replay"]["obs"].dtype == torch.uint8
-    returns = recurrent_iqn_atari.main(recurrent_iqn_atari.Args(**args, resume=path, checkpoint_every=400))
-    assert load(path)["global_step"] == 400 and len(returns) > 0  # every game ends at 80 steps

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cleanrl import recurrent_iqn, recurrent_iqn_atari
+from cleanrl_q_utils import lstm_unroll
 
 from learning import last_mean, passes_with_one_of
 
@@ -75,9 +76,9 @@ def small_args(module, **kw):
         lstm_size=8,
         hidden_size=8,
         quantile_embedding_dim=6,
-        num_quantiles=3,
-        num_target_quantiles=3,
-        num_action_quantiles=3,
+        num_tau_samples=3,
+        num_tau_prime_samples=3,
+        num_quantile_samples=3,
         cuda=False,
         burn_in=0,
     )  # tiny sequences: shorter than the vector default burn-in
@@ -86,13 +87,13 @@ def small_args(module, **kw):
     return module.Args(**{**base, **kw})
 
 
-def reference_unroll(lstm, x, h, c, episode_start):
+def reference_unroll(lstm, x, h, c, is_first):
     """Step by step with the LSTM equations written out; the state is zeroed before each episode's first step."""
     W_ih, W_hh, b = lstm.weight_ih_l0, lstm.weight_hh_l0, lstm.bias_ih_l0 + lstm.bias_hh_l0
     outputs = []
     for t in range(x.shape[0]):
         for j in range(x.shape[1]):
-            if episode_start[t, j]:
+            if is_first[t, j]:
                 h, c = h.clone(), c.clone()
                 h[j], c[j] = 0.0, 0.0
         i, f, g, o = (x[t] @ W_ih.T + h @ W_hh.T + b).chunk(4, 1)
@@ -109,12 +110,12 @@ def test_unroll_resets_state_exactly_at_episode_starts():
     x, h0, c0 = torch.randn(T, B, 5), torch.randn(B, 7), torch.randn(B, 7)
     start = np.zeros((T, B), dtype=bool)
     start[0, 1], start[3, 0], start[3, 2], start[6, 2] = True, True, True, True
-    bounds = recurrent_iqn_atari.segment_bounds(start)
+    bounds = lstm_unroll.segment_bounds(start)
     assert bounds == [0, 3, 6, 9]
     keep = torch.as_tensor(~start).unsqueeze(-1).float()
-    out, _ = recurrent_iqn_atari.unroll_lstm(lstm, x, (h0, c0), keep, bounds)
+    out, _ = lstm_unroll.unroll_lstm(lstm, x, (h0, c0), keep, bounds)
     torch.testing.assert_close(out, reference_unroll(lstm, x, h0, c0, start))
-    segmented, _ = recurrent_iqn_atari.unroll_lstm(lstm, x, (h0, c0), keep, bounds, segmented=True)  # GPU path
+    segmented, _ = lstm_unroll.unroll_lstm(lstm, x, (h0, c0), keep, bounds, segmented=True)  # GPU path
     torch.testing.assert_close(segmented, out)
     # at an episode start the output equals a fresh unroll from a zero state, and only there
     zero = torch.zeros(1, 7)
@@ -123,7 +124,7 @@ def test_unroll_resets_state_exactly_at_episode_starts():
             fresh, _ = lstm(x[t : t + 1, j : j + 1], (zero[None], zero[None]))
             assert torch.allclose(out[t, j], fresh[0, 0]) == bool(start[t, j]), (t, j)
     # the merged (IQN before LSTM) unroll with K = 1 is the same recurrence
-    merged, _ = recurrent_iqn_atari.unroll_lstm_merged(lstm, x.unsqueeze(2), (h0, c0), keep)
+    merged, _ = lstm_unroll.unroll_lstm_merged(lstm, x.unsqueeze(2), (h0, c0), keep)
     torch.testing.assert_close(merged[:, :, 0], out)
 
 
@@ -132,7 +133,7 @@ def test_merged_unroll_averages_state_over_quantile_samples():
     lstm = torch.nn.LSTM(3, 4)
     x, h, c = torch.randn(2, 1, 2, 3), torch.randn(1, 4), torch.randn(1, 4)
     keep = torch.ones(2, 1, 1)
-    out, (h_end, c_end) = recurrent_iqn_atari.unroll_lstm_merged(lstm, x, (h, c), keep)
+    out, (h_end, c_end) = lstm_unroll.unroll_lstm_merged(lstm, x, (h, c), keep)
     for t in range(2):  # by hand: run each sample from the shared state, then average the new states
         hs, cs = [], []
         for k in range(2):
@@ -168,7 +169,7 @@ def test_extra_lstm_inputs(module, monkeypatch):
     # env 2's game is over: after its reset step the timestep restarts
     agent.observe(actions, np.ones(3), np.zeros(3, bool), np.array([False, False, True]))
     agent.observe(actions, np.zeros(3), np.array([False, True, True]), np.zeros(3, bool))
-    assert agent.episode_start.tolist() == [False, True, True]
+    assert agent.is_first.tolist() == [False, True, True]
     agent.act(obs, 0.0)
     extras = seen[-1][0, :, -5:]
     torch.testing.assert_close(extras[1], torch.tensor([0.0, 0.0, 0.0, 0.0, 0.02]))
@@ -189,8 +190,8 @@ def fill_replay(module, args, steps, reset_at=()):
             reward=np.full(N, 1.0),
             terminated=np.zeros(N, bool),
             truncated=done,
-            reset_step=np.full(N, t in reset_at),
-            episode_start=np.full(N, t - 1 in reset_at),
+            is_reset_step=np.full(N, t in reset_at),
+            is_first=np.full(N, t - 1 in reset_at),
             last_action=np.full(N, -1),
             last_reward=np.zeros(N),
             timestep=np.zeros(N),
@@ -241,7 +242,8 @@ def test_reset_step_is_never_trained_on():
         online, target = copy.deepcopy(net), copy.deepcopy(net)
         optimizer = torch.optim.SGD(online.parameters(), lr=0.0)
         torch.manual_seed(1)
-        return module.train_step(args, online, target, optimizer, rb, torch.device("cpu"))[0].item()
+        clip = torch.nn.utils.clip_grad_norm_
+        return module.train_step(args, online, target, optimizer, rb, torch.device("cpu"), clip)[0].item()
 
     base = loss_with(0, 1.0)
     assert loss_with(2, 100.0) == pytest.approx(base, rel=1e-6)
