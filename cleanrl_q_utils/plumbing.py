@@ -1,17 +1,15 @@
 """Run plumbing shared by the scripts in cleanrl/: nothing in this file is reinforcement learning.
 
-A script imports from here what every script does the same way and no reader of the algorithm needs to see:
-clear flag errors, seeding and device, the run directory with TensorBoard (and W&B), the progress line, true
-episode scores, checkpoints with signal handling and the NaN stop, and the rendering environment for videos.
-What a run saves, and how its loop works, stays in the script.
+A script does `from cleanrl_q_utils import plumbing` for what every script does the same way and no reader of the
+algorithm needs to see: flag errors, seeding and device, the run directory with TensorBoard (and W&B), the progress
+line, true episode scores, checkpoints with signal handling and the NaN stop, and the video environment. What a run
+saves, and how its loop works, stays in the script. The life of a run, as a script's `main` writes it:
 
-The life of a run, as a script's `main` writes it:
-
-    args, checkpoint = resume(args, __file__, CHECKPOINT_FORMAT)  # --resume: the checkpoint and its flags
-    validate_args(args)                                    # the script's own checks, before anything is built
-    with Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:  # run dir, logs, SIGINT/SIGTERM handlers
+    args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)  # --resume: the checkpoint and its flags
+    validate_args(args)  # the script's own checks, before anything is built
+    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:  # run dir, logs, signal handlers
         ...build envs, networks, buffers...
-        def checkpoint_state(): return {...}                # everything a resumed run needs, listed once
+        def checkpoint_state(): return {...}  # everything a resumed run needs, listed once
         saved = run.restore(checkpoint_state()) if checkpoint else None
         for ...:
             ...
@@ -64,12 +62,9 @@ def available_memory_bytes() -> int:
     """RAM the kernel says can be allocated without swapping (MemAvailable), else the free pages."""
     try:
         with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def check_memory(needed_bytes: int, what: str, flags: str) -> None:
@@ -161,11 +156,13 @@ def resume(given, script: str, checkpoint_format: int):
         flag_error("resume", given.resume, "no such file")
     try:  # not weights_only: a checkpoint holds numpy arrays and RNG states
         checkpoint = torch.load(given.resume, map_location="cpu", weights_only=False)
-        names = {field.name for field in fields(given)}
-        if not isinstance(checkpoint, dict) or checkpoint.get("script") != os.path.basename(script):
-            raise ValueError(f"not written by {os.path.basename(script)}")
-        if checkpoint.get("format") != checkpoint_format or set(checkpoint["args"]) != names:
-            raise ValueError(f"format {checkpoint.get('format')}, expected {checkpoint_format}")
+        names, script = {field.name for field in fields(given)}, os.path.basename(script)
+        if not isinstance(checkpoint, dict) or "script" not in checkpoint:
+            raise ValueError(f"an older format, expected format {checkpoint_format}")
+        if checkpoint["script"] != script:
+            raise ValueError(f"written by {checkpoint['script']}, not {script}")
+        if checkpoint["format"] != checkpoint_format or set(checkpoint["args"]) != names:
+            raise ValueError(f"format {checkpoint['format']}, expected {checkpoint_format}")
     except Exception as error:
         flag_error("resume", given.resume, f"not a readable checkpoint ({type(error).__name__}: {error})")
     saved, defaults = checkpoint["args"], type(given)()
@@ -244,16 +241,8 @@ class Run:
         if args.track:
             import wandb
 
-            wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                sync_tensorboard=True,
-                config=vars(args),
-                name=self.name,
-                save_code=True,
-                id=self.wandb_id,
-                resume="allow",
-            )
+            run = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=self.name, id=self.wandb_id)
+            wandb.init(**run, sync_tensorboard=True, config=vars(args), save_code=True, resume="allow")
             self.wandb_id = wandb.run.id
         # Everything up to the checkpoint's step was logged before it was written; what the interrupted run logged
         # after it is dropped, so that the resumed run does not log those steps twice.
@@ -300,16 +289,8 @@ class Run:
 
     def save(self, global_step: int, state: dict) -> str:
         """Writes beside the previous checkpoint, then renames over it: a crash while writing leaves that one whole."""
-        checkpoint = {
-            "format": self.format,
-            "script": self.script,
-            "args": vars(self.args),
-            "run_name": self.name,
-            "wandb_id": self.wandb_id,
-            "global_step": global_step,
-            "rng": rng_states(),
-            "state": {k: state_of(v) for k, v in state.items()},
-        }
+        header = dict(format=self.format, script=self.script, args=vars(self.args), run_name=self.name, wandb_id=self.wandb_id)
+        checkpoint = dict(header, global_step=global_step, rng=rng_states(), state={k: state_of(v) for k, v in state.items()})
         torch.save(checkpoint, self.checkpoint_path + ".tmp")
         os.replace(self.checkpoint_path + ".tmp", self.checkpoint_path)
         self.last_checkpoint = self.checkpoint_path

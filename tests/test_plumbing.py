@@ -139,7 +139,7 @@ def test_resume_takes_the_checkpoints_flags_but_the_operational_ones_from_the_co
 @pytest.mark.parametrize(
     "script, fmt, content, message",
     [
-        ("/x/cleanrl/other.py", FORMAT, None, "not written by other.py"),
+        ("/x/cleanrl/other.py", FORMAT, None, "written by toy.py, not other.py"),
         (SCRIPT, FORMAT + 1, None, "format 7, expected 8"),
         (SCRIPT, FORMAT, b"not a checkpoint", "not a readable checkpoint"),
     ],
