@@ -3,7 +3,7 @@
     python benchmark/lstm_unroll_speed.py              # the Atari sizes: 32 sequences x 22 steps, LSTM 512
     python benchmark/lstm_unroll_speed.py --cuda
 
-The recurrent state is multiplied by (1 - episode_start) before every step. All four unrolls compute the same
+The recurrent state is multiplied by (1 - is_first) before every step. All four unrolls compute the same
 function (checked here against the first); the script uses the third on a CPU and the fourth on a GPU.
 """
 
@@ -55,10 +55,10 @@ def main():
     cell.load_state_dict({k[:-3]: v for k, v in lstm.state_dict().items()})
     x = torch.randn(args.steps, args.batch, args.input, device=device, requires_grad=True)
     state = (torch.zeros(args.batch, args.hidden, device=device),) * 2
-    episode_start = np.zeros((args.steps, args.batch), dtype=bool)
-    episode_start[[args.steps // 3, 2 * args.steps // 3], [0, args.batch - 1]] = True  # two episodes begin inside
-    keep = torch.as_tensor(~episode_start, device=device).float().unsqueeze(-1)
-    bounds = segment_bounds(episode_start)
+    is_first = np.zeros((args.steps, args.batch), dtype=bool)
+    is_first[[args.steps // 3, 2 * args.steps // 3], [0, args.batch - 1]] = True  # two episodes begin inside
+    keep = torch.as_tensor(~is_first, device=device).float().unsqueeze(-1)
+    bounds = segment_bounds(is_first)
     variants = {
         "LSTMCell step loop, state masked every step": lambda: cell_loop(lstm, cell, x, state, keep),
         "nn.LSTM called once per step": lambda: lstm_per_step(lstm, cell, x, state, keep),

@@ -445,7 +445,7 @@ def main(args: Args) -> list[float]:
                 "target_network": target_network,
                 "optimizer": optimizer,
                 "rb": rb if args.checkpoint_replay else None,
-                "rb_rng": rb.rng,  # saved even without the buffer: sampling goes on drawing from it
+                "rng": rb.rng,  # saved even without the buffer: sampling goes on drawing from it
                 "window": window,
                 "stats": stats,
                 "obs": obs,

@@ -379,12 +379,12 @@ def main(args: Args) -> list[float]:
         num_iterations = -(-args.total_timesteps // args.num_envs)
         # Every action sent to envs.step, reset steps included: a resume replays them to rebuild the environments.
         action_log = np.zeros((num_iterations, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
-        episode_stats = plumbing.EpisodeStats(args.num_envs)
+        stats = plumbing.EpisodeStats(args.num_envs)
         obs, _ = envs.reset()  # envpool is seeded at construction
         is_first = np.ones(args.num_envs, dtype=bool)  # o_t is the first observation of a game (not of a life)
         is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
         next_is_first = np.zeros(args.num_envs, dtype=bool)  # the observation after that reset step starts a game
-        iteration = num_updates = 0
+        iteration = updates = 0
 
         def checkpoint_state() -> dict:
             return {
@@ -392,21 +392,21 @@ def main(args: Args) -> list[float]:
                 "target_network": target_network,
                 "optimizer": optimizer,
                 "rng": rng,
-                "episode_stats": episode_stats,
+                "stats": stats,
                 "action_log": action_log[:iteration],
                 "obs": obs,
                 "is_first": is_first,
                 "is_reset_step": is_reset_step,
                 "next_is_first": next_is_first,
                 "iteration": iteration,
-                "num_updates": num_updates,
+                "updates": updates,
                 **({"rb": rb} if args.checkpoint_replay else {}),
             }
 
         learn_after = args.learning_starts  # global_step after which updates run
         if checkpoint:
             saved = run.restore({**checkpoint_state(), "action_log": action_log})  # the saved log fills its first rows
-            iteration, num_updates = saved["iteration"], saved["num_updates"]
+            iteration, updates = saved["iteration"], saved["updates"]
             obs = plumbing.fast_forward(envs, action_log[:iteration], obs)
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
                 rb.add_history(obs)
@@ -424,7 +424,7 @@ def main(args: Args) -> list[float]:
             # NEXT_STEP autoreset: after a last step, envpool's next step is a reset step, never a transition.
             rb.add(obs[:, -1], is_first, actions, rewards, terminated, valid=~is_reset_step)
             game_over = infos["terminated"].astype(bool) | truncated  # true game scores: all lives, raw, time-outs too
-            episode_stats.update(infos["reward"], is_reset_step, game_over, run.writer, global_step)
+            stats.update(infos["reward"], is_reset_step, game_over, run.writer, global_step)
             is_first, is_reset_step, next_is_first = next_is_first, terminated | truncated, game_over
             obs = next_obs
 
@@ -437,8 +437,8 @@ def main(args: Args) -> list[float]:
                     loss.backward()
                     run.clip_grad_norm(q_network.parameters(), float("inf"), global_step)  # stops on a NaN
                     optimizer.step()
-                    num_updates += 1
-                    if num_updates % 100 == 0:
+                    updates += 1
+                    if updates % 100 == 0:
                         run.writer.add_scalar("losses/quantile_loss", loss.item(), global_step)
                         run.writer.add_scalar("losses/q_values", quantiles.mean().item(), global_step)
                         run.writer.add_scalar("charts/epsilon", epsilon, global_step)
@@ -447,7 +447,7 @@ def main(args: Args) -> list[float]:
                 if crossed(global_step, args.num_envs, args.target_network_frequency):
                     target_network.load_state_dict(q_network.state_dict())
 
-            progress.print(global_step, episode_stats.recent)
+            progress.print(global_step, stats.recent)
             if run.checkpoint_or_stop(global_step, args.num_envs, global_step >= args.total_timesteps, checkpoint_state):
                 break
 
@@ -459,7 +459,7 @@ def main(args: Args) -> list[float]:
             eval_scores = evaluate(model_path, args, device, run.name)
             for idx, score in enumerate(eval_scores):
                 run.writer.add_scalar("eval/episodic_return", score, idx)
-    return episode_stats.scores
+    return stats.scores
 
 
 if __name__ == "__main__":

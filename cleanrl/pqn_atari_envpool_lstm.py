@@ -167,13 +167,13 @@ class QNetwork(nn.Module):
         return zeros, zeros.clone()
 
     def forward(
-        self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], episode_start: torch.Tensor
+        self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], is_first: torch.Tensor
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Unrolls a sequence. x: uint8 frames (T, B, 1, 84, 84); episode_start: (T, B), 1 where the frame
+        """Unrolls a sequence. x: uint8 frames (T, B, 1, 84, 84); is_first: (T, B), 1 where the frame
         is the first of an episode, which zeroes the state before it is read. Returns Q (T, B, A) and the last state."""
-        seq_len, batch = episode_start.shape
+        seq_len, batch = is_first.shape
         features = self.network(x.reshape((-1,) + x.shape[2:]).float() / 255.0).reshape(seq_len, batch, -1)
-        keep = (1.0 - episode_start.float()).view(seq_len, 1, batch, 1)
+        keep = (1.0 - is_first.float()).view(seq_len, 1, batch, 1)
         h, c = state
         outputs = []
         for t in range(seq_len):
@@ -225,9 +225,9 @@ def train_on_rollout(
     q_network: QNetwork, optimizer: optim.Optimizer, rollout: tuple, args: Args, run: plumbing.Run, global_step: int
 ) -> tuple:
     """`update_epochs` passes over the rollout in `num_minibatches` minibatches of whole environments: each replays its
-    rollout as one sequence from the recurrent state stored at its start. `rollout` = (obs, actions, episode_start,
+    rollout as one sequence from the recurrent state stored at its start. `rollout` = (obs, actions, is_first,
     returns, valid), each (num_steps, num_envs, ...), and that state. Returns the loss and Q(s, a) of the last minibatch."""
-    b_obs, b_actions, b_episode_start, returns, b_valid, initial_state = rollout
+    b_obs, b_actions, b_is_first, returns, b_valid, initial_state = rollout
     num_envs = b_actions.shape[1]
     envs_per_minibatch = num_envs // args.num_minibatches
     for epoch in range(args.update_epochs):
@@ -235,7 +235,7 @@ def train_on_rollout(
         for start in range(0, num_envs, envs_per_minibatch):
             mb = env_inds[start : start + envs_per_minibatch]
             mb_state = (initial_state[0][:, mb], initial_state[1][:, mb])
-            q_values, _ = q_network(b_obs[:, mb], mb_state, b_episode_start[:, mb])
+            q_values, _ = q_network(b_obs[:, mb], mb_state, b_is_first[:, mb])
             q_taken = q_values.gather(2, b_actions[:, mb, None]).squeeze(2)
             # Mean squared TD error over real transitions only: reset steps carry no learning signal.
             valid = b_valid[:, mb]
@@ -262,20 +262,20 @@ def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = 
     model.eval()
     scores, game_returns = [], np.zeros(num_envs)
     state = model.initial_state(num_envs, device)
-    episode_start = np.ones(num_envs, dtype=bool)
+    is_first = np.ones(num_envs, dtype=bool)
     game_over = np.zeros(num_envs, dtype=bool)
     lives = np.full(num_envs, np.iinfo(np.int32).max)
     while quota.sum() > 0:
         with torch.no_grad():
             frames = torch.as_tensor(obs, device=device).view(num_envs, 1, 84, 84)  # the video env's come unstacked
-            q_values, state = model(frames[None], state, torch.as_tensor(episode_start, device=device)[None])
+            q_values, state = model(frames[None], state, torch.as_tensor(is_first, device=device)[None])
             greedy = q_values[0].argmax(1).cpu().numpy()
         explore = np.random.rand(num_envs) < args.eval_epsilon
         actions = np.where(explore, np.random.randint(num_actions, size=num_envs), greedy)
         obs, reward, terminated, truncated, info = envs.step(actions)
         # Training zeroed the state at every life start, so evaluation does too, and after a game's reset step.
         life_lost = (info["lives"] < lives) & ~(terminated | truncated)
-        episode_start, game_over, lives = game_over | life_lost, terminated | truncated, info["lives"]
+        is_first, game_over, lives = game_over | life_lost, terminated | truncated, info["lives"]
         game_returns += reward  # unclipped: reward clipping is off here
         for i in np.flatnonzero(terminated | truncated):
             if quota[i] > 0:
@@ -313,14 +313,14 @@ def main(args: Args) -> list[float]:
         rewards = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
         terminations = np.zeros((args.num_steps, args.num_envs), dtype=np.float32)
         is_reset_step = np.zeros((args.num_steps, args.num_envs), dtype=bool)
-        episode_start = np.zeros((args.num_steps, args.num_envs), dtype=bool)
+        is_first = np.zeros((args.num_steps, args.num_envs), dtype=bool)
         max_q = torch.zeros((args.num_steps, args.num_envs), device=device)
         # Every action sent to the envs, so that a resumed run can rebuild them by replaying it.
         action_log = np.zeros((num_iterations * args.num_steps, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
         stats = plumbing.EpisodeStats(args.num_envs)
         next_obs = envs.reset()[0]
         next_is_reset_step = np.zeros(args.num_envs, dtype=bool)
-        next_episode_start = np.ones(args.num_envs, dtype=bool)
+        next_is_first = np.ones(args.num_envs, dtype=bool)
         lstm_state = q_network.initial_state(args.num_envs, device)
 
         def checkpoint_state(iterations_done: int = num_iterations) -> dict:
@@ -333,7 +333,7 @@ def main(args: Args) -> list[float]:
                 "stats": stats,
                 "next_obs": next_obs,
                 "next_is_reset_step": next_is_reset_step,
-                "next_episode_start": next_episode_start,
+                "next_is_first": next_is_first,
                 "lstm_state": lstm_state,
                 "action_log": action_log[: iterations_done * args.num_steps],
             }
@@ -360,11 +360,9 @@ def main(args: Args) -> list[float]:
                 global_step += args.num_envs
                 obs[step] = next_obs
                 is_reset_step[step] = next_is_reset_step
-                episode_start[step] = next_episode_start
+                is_first[step] = next_is_first
                 with torch.no_grad():
-                    q_values, lstm_state = q_network(
-                        to_device(next_obs)[None], lstm_state, to_device(next_episode_start)[None]
-                    )
+                    q_values, lstm_state = q_network(to_device(next_obs)[None], lstm_state, to_device(next_is_first)[None])
                     step_max_q, greedy = q_values[0].max(dim=1)
                 max_q[step] = step_max_q
                 actions[step] = np.where(explore[step], random_actions[step], greedy.cpu().numpy())
@@ -376,11 +374,11 @@ def main(args: Args) -> list[float]:
                 game_over = info["terminated"].astype(bool) | truncated
                 stats.update(info["reward"], next_is_reset_step, game_over, run.writer, global_step)
                 # The observation a reset step returns is the first of a new episode (life).
-                next_episode_start = next_is_reset_step
+                next_is_first = next_is_reset_step
                 next_is_reset_step = terminated | truncated
 
             with torch.no_grad():
-                last_q, _ = q_network(to_device(next_obs)[None], lstm_state, to_device(next_episode_start)[None])
+                last_q, _ = q_network(to_device(next_obs)[None], lstm_state, to_device(next_is_first)[None])
                 last_max_q = last_q[0].max(dim=1).values
                 next_max_q = torch.cat([max_q[1:], last_max_q[None]])
                 fold_rewards, fold_dones = fold_reset_steps(
@@ -388,7 +386,7 @@ def main(args: Args) -> list[float]:
                 )
                 returns = q_lambda_returns(fold_rewards, fold_dones, next_max_q, args.gamma, args.q_lambda)
             valid = to_device(~is_reset_step).float()
-            rollout = (to_device(obs), to_device(actions), to_device(episode_start), returns, valid, rollout_initial_state)
+            rollout = (to_device(obs), to_device(actions), to_device(is_first), returns, valid, rollout_initial_state)
             loss, q_taken = train_on_rollout(q_network, optimizer, rollout, args, run, global_step)
 
             is_last = iteration == num_iterations - 1

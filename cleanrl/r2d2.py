@@ -155,13 +155,13 @@ class QNetwork(nn.Module):
         self.value = nn.Sequential(nn.Linear(lstm_size, lstm_size), nn.ReLU(), nn.Linear(lstm_size, 1))
         self.advantage = nn.Sequential(nn.Linear(lstm_size, lstm_size), nn.ReLU(), nn.Linear(lstm_size, num_actions))
 
-    def forward(self, obs, prev_action, prev_reward, is_first, state):
-        """obs (T, B, ...), prev_action (T, B) long (-1: none), prev_reward (T, B), is_first (T, B) bool,
+    def forward(self, obs, last_action, last_reward, is_first, state):
+        """obs (T, B, ...), last_action (T, B) long (-1: none), last_reward (T, B), is_first (T, B) bool,
         state = (h, c) each (B, H). Returns q (T, B, A) and the final state."""
         steps, batch = is_first.shape
         features = self.torso(obs.flatten(0, 1)).view(steps, batch, -1)
-        one_hot = nn.functional.one_hot(prev_action.clamp(min=0), self.num_actions) * (prev_action >= 0).unsqueeze(-1)
-        x = torch.cat([features, one_hot.float(), prev_reward.unsqueeze(-1)], dim=-1)
+        one_hot = nn.functional.one_hot(last_action.clamp(min=0), self.num_actions) * (last_action >= 0).unsqueeze(-1)
+        x = torch.cat([features, one_hot.float(), last_reward.unsqueeze(-1)], dim=-1)
         # the state restarts from zero at an episode's first observation; episodes only begin in a sequence's
         # first steps, so the LSTM runs fused over the few segments between those positions
         h, c = state[0].unsqueeze(0), state[1].unsqueeze(0)
@@ -328,8 +328,8 @@ class SequenceReplay:
             obs=frames[self.history :],
             actions=actions[now],
             rewards=rewards[now],
-            prev_action=actions[before],
-            prev_reward=rewards[before],
+            last_action=actions[before],
+            last_reward=rewards[before],
             terminated=valid[now] & self.terminated[env, slots[now]],
             done=done[now],
             valid=valid[now],
@@ -339,7 +339,7 @@ class SequenceReplay:
             c=self.seq_c[ids],
         )
         batch = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
-        batch["prev_reward"] = batch["prev_reward"].clamp(-1, 1)  # as the actor sees it
+        batch["last_reward"] = batch["last_reward"].clamp(-1, 1)  # as the actor sees it
         return batch
 
     def update_priorities(self, ids: np.ndarray, priorities: np.ndarray) -> None:
@@ -386,7 +386,7 @@ def sequence_td_errors(q_network, target_network, batch, burn_in: int, seq_len: 
     """TD errors delta (T, B) in rescaled space, the trained-step mask (T, B) and Q(s, a) (T, B) for the
     T = seq_len - burn_in trained positions. Burn-in runs without gradient; the target network is unrolled over
     the same sequence from the same stored state."""
-    inputs = [batch[k] for k in ("obs", "prev_action", "prev_reward", "is_first")]
+    inputs = [batch[k] for k in ("obs", "last_action", "last_reward", "is_first")]
     state = (batch["h"], batch["c"])
     with torch.no_grad():
         _, burned_in = q_network(*[x[:burn_in] for x in inputs], state)
@@ -421,10 +421,10 @@ def play(model, envs, obs, mask_velocity: bool, device, epsilon: float) -> list[
     """Plays one episode in each of the vectorized `envs`, from their first observations `obs`; returns the scores."""
     n = len(obs)
     state = (torch.zeros(n, model.lstm.hidden_size, device=device),) * 2
-    prev_action, prev_reward = np.full(n, -1), np.zeros(n, dtype=np.float32)
+    last_action, last_reward = np.full(n, -1), np.zeros(n, dtype=np.float32)
     scores, returns, finished = [], np.zeros(n), np.zeros(n, dtype=bool)
     while not finished.all():
-        inputs = to_step_inputs(observe(obs, mask_velocity), prev_action, prev_reward, np.zeros(n, bool), device)
+        inputs = to_step_inputs(observe(obs, mask_velocity), last_action, last_reward, np.zeros(n, bool), device)
         q, state = model(*inputs, state)
         explore = np.random.random(n) < epsilon
         actions = np.where(explore, np.random.randint(model.num_actions, size=n), q[0].argmax(-1).cpu().numpy())
@@ -432,7 +432,7 @@ def play(model, envs, obs, mask_velocity: bool, device, epsilon: float) -> list[
         returns += reward * ~finished
         scores.extend(returns[(terminated | truncated) & ~finished].tolist())
         finished |= terminated | truncated
-        prev_action, prev_reward = actions, np.clip(reward, -1, 1).astype(np.float32)
+        last_action, last_reward = actions, np.clip(reward, -1, 1).astype(np.float32)
     return scores
 
 
@@ -451,9 +451,9 @@ def evaluate(model_path: str, args: Args, device, run_name: str, epsilon: float 
     return scores
 
 
-def to_step_inputs(obs, prev_action, prev_reward, is_first, device):
+def to_step_inputs(obs, last_action, last_reward, is_first, device):
     """Numpy actor inputs for one step -> (1, N, ...) tensors for QNetwork.forward."""
-    return [torch.as_tensor(a, device=device).unsqueeze(0) for a in (obs, prev_action, prev_reward, is_first)]
+    return [torch.as_tensor(a, device=device).unsqueeze(0) for a in (obs, last_action, last_reward, is_first)]
 
 
 def main(args: Args) -> list[float]:
@@ -480,7 +480,7 @@ def main(args: Args) -> list[float]:
 
         h, c = torch.zeros(2, num_envs, args.lstm_size, device=device)  # the actors' LSTM state
         is_first, is_reset_step = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
-        prev_action, prev_reward = np.full(num_envs, -1), np.zeros(num_envs, dtype=np.float32)
+        last_action, last_reward = np.full(num_envs, -1), np.zeros(num_envs, dtype=np.float32)
         stats = plumbing.EpisodeStats(num_envs)
         update_credit, updates, learn_from = 0.0, 0, args.learning_starts
         num_iterations = args.total_timesteps // num_envs
@@ -490,8 +490,8 @@ def main(args: Args) -> list[float]:
         def checkpoint_state():  # the learner, the actors, the counters
             return {
                 **dict(q_network=q_network, target_network=target_network, optimizer=optimizer, rb=rb, rng=rng),
-                **dict(obs=obs, h=h, c=c, is_first=is_first, is_reset_step=is_reset_step, prev_action=prev_action),
-                **dict(prev_reward=prev_reward, stats=stats, action_log=action_log[: global_step // num_envs]),
+                **dict(obs=obs, h=h, c=c, is_first=is_first, is_reset_step=is_reset_step, last_action=last_action),
+                **dict(last_reward=last_reward, stats=stats, action_log=action_log[: global_step // num_envs]),
                 **dict(update_credit=update_credit, updates=updates, learn_from=learn_from),
             }
 
@@ -506,12 +506,12 @@ def main(args: Args) -> list[float]:
             global_step = (iteration + 1) * num_envs
             keep = torch.as_tensor(~is_first, device=device).float().unsqueeze(-1)
             h, c = h * keep, c * keep  # episode start: zero state, no previous action or reward
-            prev_action, prev_reward = np.where(is_first, -1, prev_action), np.where(is_first, 0, prev_reward)
+            last_action, last_reward = np.where(is_first, -1, last_action), np.where(is_first, 0, last_reward)
             decay = min(global_step / max(args.exploration_fraction * args.total_timesteps, 1), 1.0)
             epsilons = actor_epsilons(num_envs, args.start_e + decay * (args.end_e - args.start_e), args.epsilon_alpha)
             observed = observe(obs, args.mask_velocity)
             with torch.no_grad():
-                q, (next_h, next_c) = q_network(*to_step_inputs(observed, prev_action, prev_reward, is_first, device), (h, c))
+                q, (next_h, next_c) = q_network(*to_step_inputs(observed, last_action, last_reward, is_first, device), (h, c))
             explore = rng.random(num_envs) < epsilons
             actions = np.where(explore, rng.integers(num_actions, size=num_envs), q[0].argmax(-1).cpu().numpy())
             next_obs, reward, terminated, truncated, _ = envs.step(actions)
@@ -519,7 +519,7 @@ def main(args: Args) -> list[float]:
             rb.add(observed, actions, reward, terminated, truncated, is_first, is_reset_step, h.cpu().numpy(), c.cpu().numpy())
             stats.update(reward, is_reset_step, terminated | truncated, run.writer, global_step)
             obs, h, c = next_obs, next_h, next_c
-            prev_action, prev_reward = actions, np.clip(reward, -1, 1).astype(np.float32)
+            last_action, last_reward = actions, np.clip(reward, -1, 1).astype(np.float32)
             is_first, is_reset_step = is_reset_step, terminated | truncated
 
             if global_step > learn_from and rb.tree.total() > 0:

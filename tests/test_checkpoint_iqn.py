@@ -52,7 +52,7 @@ def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
     ckpt, state = load(path), load(path)["state"]
     assert ckpt["global_step"] == 200 and state["iteration"] == 50  # stopped after the step that got the signal
     assert state["action_log"].shape == (50, 4) and state["action_log"].dtype == np.uint8
-    assert "rb" not in state and state["episode_stats"]["scores"] == scores
+    assert "rb" not in state and state["stats"]["scores"] == scores
 
 
 def test_resume_is_bitwise_exact(tmp_path, monkeypatch):
@@ -74,11 +74,11 @@ def test_resume_is_bitwise_exact(tmp_path, monkeypatch):
 
     assert final_a["global_step"] == final_b["global_step"] == 2000
     state_a, state_b = final_a["state"], final_b["state"]
-    assert scores_a == scores_b and state_a["episode_stats"]["scores"] == state_b["episode_stats"]["scores"]
+    assert scores_a == scores_b and state_a["stats"]["scores"] == state_b["stats"]["scores"]
     for name in ("q_network", "target_network"):
         for key, value in state_a[name].items():
             assert torch.equal(value, state_b[name][key]), (name, key)
-    assert state_a["num_updates"] == state_b["num_updates"]
+    assert state_a["updates"] == state_b["updates"]
     assert np.array_equal(state_a["action_log"], state_b["action_log"])
     assert state_a["rng"] == state_b["rng"]
     # The resumed run appends to the interrupted run's TensorBoard log: together they log what run a logged.
@@ -91,12 +91,12 @@ def test_resume_without_replay_refills_the_buffer(tmp_path, monkeypatch):
         interrupt_at_step(m, iqn, 100)  # step 400: learning has started, the buffer is not stored
         iqn.main(iqn.Args(**dict(SMALL, total_timesteps=1000)))
     path = checkpoint_path(tmp_path)
-    updates_before = load(path)["state"]["num_updates"]
+    updates_before = load(path)["state"]["updates"]
     scores = iqn.main(iqn.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
     final = load(path)
-    assert final["global_step"] == 1000 and scores == final["state"]["episode_stats"]["scores"]
+    assert final["global_step"] == 1000 and scores == final["state"]["stats"]["scores"]
     # Steps 404..600 refill the empty buffer (learning_starts = 200 more steps), then one update per iteration.
-    assert final["state"]["num_updates"] == updates_before + (1000 - 600) // 4
+    assert final["state"]["updates"] == updates_before + (1000 - 600) // 4
 
 
 def test_seeded_runs_are_reproducible(tmp_path, monkeypatch):
@@ -201,7 +201,7 @@ def test_atari_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
     path = checkpoint_path(tmp_path / "b")
     scores_b = iqn_atari.main(iqn_atari.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
     state_a, state_b = final_a["state"], load(path)["state"]
-    assert state_a["num_updates"] == state_b["num_updates"] > 0 and scores_a == scores_b
+    assert state_a["updates"] == state_b["updates"] > 0 and scores_a == scores_b
     for key, value in state_a["q_network"].items():
         assert torch.equal(value, state_b["q_network"][key]), key
     assert torch.equal(state_a["rb"]["frames"], state_b["rb"]["frames"])

@@ -149,15 +149,15 @@ def test_stored_state_is_zero_at_episode_start(module):
 def test_network_state_restarts_at_episode_start():
     torch.manual_seed(0)
     net = r2d2.QNetwork(2, 2, 8)
-    obs, prev_action, prev_reward = torch.randn(5, 3, 2), torch.randint(2, (5, 3)), torch.rand(5, 3)
+    obs, last_action, last_reward = torch.randn(5, 3, 2), torch.randint(2, (5, 3)), torch.rand(5, 3)
     is_first = torch.zeros(5, 3, dtype=torch.bool)
     is_first[2] = True
     state = (torch.randn(3, 8), torch.randn(3, 8))
-    q, _ = net(obs, prev_action, prev_reward, is_first, state)
+    q, _ = net(obs, last_action, last_reward, is_first, state)
     zero = (torch.zeros(3, 8), torch.zeros(3, 8))
-    q_fresh, _ = net(obs[2:], prev_action[2:], prev_reward[2:], torch.zeros(3, 3, dtype=torch.bool), zero)
+    q_fresh, _ = net(obs[2:], last_action[2:], last_reward[2:], torch.zeros(3, 3, dtype=torch.bool), zero)
     torch.testing.assert_close(q[2:], q_fresh)
-    assert not torch.allclose(q[:2], net(obs[:2], prev_action[:2], prev_reward[:2], is_first[:2], zero)[0])
+    assert not torch.allclose(q[:2], net(obs[:2], last_action[:2], last_reward[:2], is_first[:2], zero)[0])
 
 
 def test_burn_in_steps_get_no_gradient():
@@ -182,7 +182,7 @@ class LookupNet(torch.nn.Module):
         super().__init__()
         self.weights = torch.tensor(weights)
 
-    def forward(self, obs, prev_action, prev_reward, is_first, state):
+    def forward(self, obs, last_action, last_reward, is_first, state):
         return obs[..., :1] * self.weights, state
 
 
@@ -203,8 +203,8 @@ def test_n_step_double_q_targets_by_hand():
         terminated=terminated,
         valid=valid,
         is_reset_step=torch.zeros(W, 2, dtype=torch.bool),
-        prev_action=torch.zeros(W, 2, dtype=torch.long),
-        prev_reward=torch.zeros(W, 2),
+        last_action=torch.zeros(W, 2, dtype=torch.long),
+        last_reward=torch.zeros(W, 2),
         is_first=torch.zeros(W, 2, dtype=torch.bool),
         h=torch.zeros(2, 1),
         c=torch.zeros(2, 1),
