@@ -342,4 +342,26 @@ def make_video_env(env_id: str, run_name: str, frame_stack: int = 4, max_episode
     env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array", **frames)
     env = gym.wrappers.RecordVideo(env, f"videos/{run_name}", episode_trigger=lambda _: True)
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False)
+    env = FireAfterLifeLoss(env) if "FIRE" in env.unwrapped.get_action_meanings() else env
     return gym.wrappers.FrameStackObservation(env, frame_stack) if frame_stack > 1 else env
+
+
+class FireAfterLifeLoss(gym.Wrapper):
+    """Presses FIRE once after the reset and after every lost life, as envpool does in training (`use_fire_reset`,
+    and a life loss there is a reset): games like Breakout then go on without the agent having to serve."""
+
+    def fire(self):
+        return self.env.step(self.env.unwrapped.get_action_meanings().index("FIRE"))
+
+    def reset(self, **kwargs):
+        self.env.reset(**kwargs)
+        obs, _, terminated, truncated, info = self.fire()
+        return self.env.reset(**kwargs) if terminated or truncated else (obs, info)
+
+    def step(self, action):
+        lives = self.env.unwrapped.ale.lives()
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if info["lives"] < lives and not (terminated or truncated):
+            obs, fire_reward, terminated, truncated, info = self.fire()
+            reward += fire_reward
+        return obs, reward, terminated, truncated, info
