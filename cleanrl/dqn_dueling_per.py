@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 import envpool
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import tyro
 
 from cleanrl_q_utils import plumbing
 
@@ -78,6 +78,8 @@ class Args:
     """the final epsilon"""
     exploration_fraction: float = 0.2
     """the fraction of `total_timesteps` over which epsilon decays from start-e to end-e"""
+    eval_epsilon: float = 0.001
+    """the epsilon of the evaluation episodes (0.001: the dueling and tuned Double DQN papers' Atari evaluation)"""
     prioritized_replay_alpha: float = 0.6
     """the priority exponent: P(i) is proportional to p_i^alpha (0 = uniform replay)"""
     prioritized_replay_beta: float = 0.4
@@ -98,6 +100,7 @@ class Args:
 
 def validate_args(args: Args) -> None:
     """Stops with one clear message on a flag combination the algorithm cannot run, before anything is built."""
+    plumbing.check_common_flags(args)
     positive = ("total_timesteps", "num_envs", "n_step", "batch_size", "eval_episodes", "train_frequency")
     positive += ("target_network_frequency", "learning_rate", "prioritized_replay_eps")
     unit = ("prioritized_replay_alpha", "prioritized_replay_beta", "gamma", "start_e", "end_e")
@@ -127,12 +130,21 @@ def buffer_obs_dtype(obs_shape: tuple):
     return np.uint8 if len(obs_shape) == 3 else np.float32
 
 
-def make_env(env_id: str, num_envs: int, seed: int, training: bool = True):
-    """Vectorized envpool environments; Atari with the DQN preprocessing (life loss and reward clipping while training)."""
+def make_env(env_id: str, num_envs: int, seed: int):
+    """Vectorized envpool environments, for training and evaluation alike; Atari with the DQN preprocessing: a lost life
+    ends an episode (envpool then plays no-ops and FIRE) and rewards are clipped (true scores come from `true_game_end`)."""
     kwargs = dict(num_threads=1)  # cheaper than a thread pool for classic control's tiny steps
     if env_id.endswith("-v5"):  # envpool's Atari ids
-        kwargs = dict(episodic_life=training, reward_clip=training, stack_num=4, noop_max=30, repeat_action_probability=0.0)
+        kwargs = dict(episodic_life=True, reward_clip=True, stack_num=4, noop_max=30, repeat_action_probability=0.0)
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **kwargs)
+
+
+def true_game_end(rewards, terminated, truncated, info) -> tuple[np.ndarray, np.ndarray]:
+    """(raw rewards, game over) of one vectorized step: envpool Atari ends an episode at every lost life and clips its
+    rewards, so both come from its info; classic control and ale-py's video env end episodes with the game."""
+    if "reward" in info:  # envpool Atari
+        return info["reward"], info["terminated"].astype(bool) | truncated
+    return rewards, terminated | truncated
 
 
 def dueling_combine(value: torch.Tensor, advantage: torch.Tensor) -> torch.Tensor:
@@ -165,6 +177,8 @@ class DuelingQNetwork(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = self.torso(x.float() / 255.0 if self.is_image else x.float())
+        if self.is_image and z.requires_grad:
+            z.register_hook(lambda grad: grad * 2**-0.5)  # Wang et al. (Atari): gradient into the last conv layer / sqrt(2)
         return dueling_combine(self.value(z), self.advantage(z))
 
 
@@ -356,35 +370,31 @@ def act(q_network: nn.Module, obs: np.ndarray, epsilon: float, num_actions: int,
     return np.where(explore, np.random.randint(num_actions, size=len(obs)), greedy)
 
 
-def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = "eval", epsilon: float = 0.05) -> list[float]:
-    """Plays --eval-episodes full games epsilon-greedily with a saved model, on envs seeded apart from training's
-    (--seed + 1); returns their scores. --capture-video records them to videos/<run_name>/."""
+def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = "eval") -> list[float]:
+    """Plays --eval-episodes whole games (--eval-epsilon) on training's envs seeded apart (--seed + 1), one per env: on
+    Atari a lost life ends an episode and envpool serves the next with FIRE. Returns the true scores (raw, all lives).
+    --capture-video plays them in turn on ale-py (FIRE after a lost life too) and records them to videos/<run_name>/."""
     spec = envpool.make_spec(args.env_id)
     model = DuelingQNetwork(spec.observation_space.shape, spec.action_space.n, args.hidden_size).to(device)
     model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
     model.eval()
-    episodes, seed, num_actions = args.eval_episodes, args.seed + 1, spec.action_space.n
+    seed, num_actions = args.seed + 1, spec.action_space.n
     if args.capture_video:  # envpool does not render: a gymnasium env with the training preprocessing
-        env, scores = plumbing.make_video_env(args.env_id, run_name, frame_stack=4, max_episode_steps=27000), []
-        for episode in range(episodes):
-            obs, _ = env.reset(seed=seed + episode)
-            done, score = False, 0.0
-            while not done:
-                obs, reward, terminated, truncated, _ = env.step(int(act(model, obs[None], epsilon, num_actions, device)[0]))
-                score, done = score + float(reward), terminated or truncated
-            scores.append(score)
-        env.close()
-        return scores
-    envs = make_env(args.env_id, episodes, seed, training=False)
-    obs, _ = envs.reset()
-    scores, score, done = np.zeros(episodes), np.zeros(episodes), np.zeros(episodes, bool)
-    while not done.all():
-        obs, rewards, terminated, truncated, info = envs.step(act(model, obs, epsilon, num_actions, device))
-        score += np.where(done, 0.0, info.get("reward", rewards))
-        game_over = (info["terminated"].astype(bool) if "lives" in info else terminated) | truncated
-        scores = np.where(game_over & ~done, score, scores)
-        done |= game_over  # each env plays exactly one game; later games of an env are ignored
-    return scores.tolist()
+        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name, max_episode_steps=27000)])
+    else:
+        envs = make_env(args.env_id, args.eval_episodes, seed)
+    obs, _ = envs.reset(seed=seed)  # envpool took its seed when built and ignores this one
+    quota = np.full(envs.num_envs, args.eval_episodes // envs.num_envs)  # whole games each env plays and counts
+    stats, is_reset_step = plumbing.EpisodeStats(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
+    while quota.sum() > 0:
+        obs, rewards, terminated, truncated, info = envs.step(act(model, obs, args.eval_epsilon, num_actions, device))
+        raw_rewards, game_over = true_game_end(rewards, terminated, truncated, info)
+        counted = game_over & (quota > 0)
+        stats.update(raw_rewards, is_reset_step, counted)
+        quota -= counted
+        is_reset_step = terminated | truncated  # the next step only resets (NEXT_STEP autoreset)
+    envs.close()
+    return stats.scores
 
 
 def train_step(args: Args, run: plumbing.Run, q_network, target_network, optimizer, rb, global_step: int, device):
@@ -460,7 +470,7 @@ def main(args: Args) -> list[float]:
             iteration, updates, last_target_update = saved["iteration"], saved["updates"], saved["last_target_update"]
             if saved["rb"] is None:  # an empty buffer: act for another learning_starts steps before sampling from it
                 learning_starts = iteration * args.num_envs + args.learning_starts
-            obs = plumbing.fast_forward(envs, action_log[:iteration], obs)
+            obs = run.fast_forward(envs, action_log[:iteration], obs)
         progress = plumbing.Progress(args.total_timesteps, iteration * args.num_envs)
 
         for iteration in range(iteration + 1, num_iterations + 1):
@@ -470,8 +480,8 @@ def main(args: Args) -> list[float]:
             action_log[iteration - 1] = actions
             next_obs, rewards, terminated, truncated, info = envs.step(actions)
             # True game score: unclipped, over all lives, ended by game over or time-out.
-            game_over = (info["terminated"].astype(bool) if "lives" in info else terminated) | truncated
-            stats.update(info.get("reward", rewards), is_reset_step, game_over & ~is_reset_step, run.writer, global_step)
+            raw_rewards, game_over = true_game_end(rewards, terminated, truncated, info)
+            stats.update(raw_rewards, is_reset_step, game_over & ~is_reset_step, run.writer, global_step)
             rb.add(*window.push(obs, actions, rewards, terminated, truncated, next_obs, is_reset_step))
             obs, is_reset_step = next_obs, terminated | truncated
 
@@ -505,4 +515,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    plumbing.cli(main, Args)

@@ -18,7 +18,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import tyro
 
 from cleanrl_q_utils import plumbing
 
@@ -101,9 +100,8 @@ class Args:
 
 
 def validate_args(args: Args) -> None:
-    spec = plumbing.check_env_id(args.env_id)
-    if len(spec.observation_space.shape) != 1:
-        plumbing.flag_error("env_id", args.env_id, "needs vector observations (for Atari use iqn_atari.py)")
+    plumbing.check_common_flags(args)
+    spec = plumbing.check_env_id(args.env_id, atari=False)
     positive = (
         "total_timesteps num_envs n_step batch_size train_frequency target_network_frequency exploration_fraction kappa "
         "num_tau_samples num_tau_prime_samples num_quantile_samples quantile_embedding_dim hidden_size learning_rate adam_eps"
@@ -371,7 +369,7 @@ def main(args: Args) -> list[float]:
         if checkpoint:
             saved = run.restore({**checkpoint_state(), "action_log": action_log})  # the saved log fills its first rows
             iteration, updates = saved["iteration"], saved["updates"]
-            obs = plumbing.fast_forward(envs, action_log[:iteration], obs)
+            obs = run.fast_forward(envs, action_log[:iteration], obs)
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
                 learn_after = iteration * args.num_envs + args.learning_starts
         global_step = iteration * args.num_envs
@@ -425,4 +423,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    plumbing.cli(main, Args)

@@ -18,7 +18,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import tyro
 
 from cleanrl_q_utils import plumbing
 
@@ -77,7 +76,7 @@ class Args:
     end_e: float = 0.01
     """the final epsilon of the epsilon-greedy exploration"""
     exploration_fraction: float = 0.02
-    """the fraction of `total_timesteps` over which epsilon decays linearly from `start_e` to `end_e` (1M steps)"""
+    """the fraction of `total_timesteps` over which epsilon decays from `start_e` to `end_e`, after the warm-up (1M steps)"""
     eval_epsilon: float = 0.001
     """the epsilon of the evaluation episodes"""
     num_tau_samples: int = 64
@@ -101,9 +100,8 @@ class Args:
 
 
 def validate_args(args: Args) -> None:
-    spec = plumbing.check_env_id(args.env_id)
-    if tuple(spec.observation_space.shape) != (STACK_NUM, 84, 84):
-        plumbing.flag_error("env_id", args.env_id, "needs an Atari environment (for vectors use iqn.py)")
+    plumbing.check_common_flags(args)
+    plumbing.check_env_id(args.env_id, atari=True)
     positive = (
         "total_timesteps num_envs n_step batch_size train_frequency target_network_frequency exploration_fraction kappa "
         "num_tau_samples num_tau_prime_samples num_quantile_samples quantile_embedding_dim hidden_size learning_rate adam_eps"
@@ -125,12 +123,11 @@ def validate_args(args: Args) -> None:
 STACK_NUM = 4  # frames per observation: the agent sees the last 4 (max-pooled) frames
 
 
-def make_env(env_id: str, num_envs: int, seed: int, training: bool = True):
-    """envpool Atari with the paper's protocol (1-30 no-op starts, no sticky actions, episodes capped at 108,000 frames);
-    training ends an episode at each lost life and clips rewards."""
-    options = dict(
-        stack_num=STACK_NUM, episodic_life=training, reward_clip=training, noop_max=30, repeat_action_probability=0.0
-    )
+def make_env(env_id: str, num_envs: int, seed: int):
+    """envpool Atari with the paper's protocol (1-30 no-op starts, no sticky actions, games capped at 108,000 frames):
+    an episode ends at each lost life, after which envpool plays no-ops and FIRE, and rewards are clipped. Training and
+    evaluation both play it; true game scores come from `info` (raw rewards, the real game end)."""
+    options = dict(stack_num=STACK_NUM, episodic_life=True, reward_clip=True, noop_max=30, repeat_action_probability=0.0)
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, max_episode_steps=27_000, **options)
 
 
@@ -298,8 +295,10 @@ def n_step_targets(rewards, terminated, continues, gamma: float) -> tuple[np.nda
     return returns.astype(np.float32), discounts.astype(np.float32), num_steps.astype(np.int64)
 
 
-def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
-    return max(end_e, start_e + (end_e - start_e) * t / duration)
+def linear_schedule(start_e: float, end_e: float, duration: float, t: int, warmup: int) -> float:
+    """Dopamine's `linearly_decaying_epsilon`: `start_e` up to step `warmup` (the end of the uniform-random warm-up,
+    `learning_starts`), then linear to `end_e` over the next `duration` steps, then `end_e`."""
+    return max(end_e, start_e + (end_e - start_e) * max(t - warmup, 0) / duration)
 
 
 def crossed(step: int, num_envs: int, every: int) -> int:
@@ -336,26 +335,29 @@ def act(q_network: QuantileNetwork, obs, epsilon: float, num_quantile_samples: i
 
 
 def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = "eval") -> list[float]:
-    """Plays `args.eval_episodes` full games (no life-loss ends, raw rewards) with the saved agent, epsilon-greedy with
-    `args.eval_epsilon`; returns their scores. The environments are seeded with `args.seed + 1`."""
+    """Plays `args.eval_episodes` whole games with the saved agent, epsilon-greedy with `args.eval_epsilon`, on the
+    training environment (seeded with `args.seed + 1`): a lost life ends an episode there and envpool serves the next
+    one with FIRE, as RLtime evaluates. Returns the true scores (raw rewards over all lives, up to the game's end).
+    --capture-video plays the same games on ale-py, which also presses FIRE after every lost life."""
     seed = args.seed + 1
     if args.capture_video:
-        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name)])
+        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name, max_episode_steps=27_000)])
     else:
-        envs = make_env(args.env_id, 1, seed, training=False)
+        envs = make_env(args.env_id, 1, seed)
     model = QuantileNetwork(envs.single_action_space.n, args.quantile_embedding_dim, args.hidden_size).to(device)
     model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
     obs, _ = envs.reset(seed=seed) if args.capture_video else envs.reset()
-    scores, score = [], 0.0
-    while len(scores) < args.eval_episodes:
+    stats, is_reset_step = plumbing.EpisodeStats(1), np.zeros(1, dtype=bool)
+    while len(stats.scores) < args.eval_episodes:
         actions = act(model, obs, args.eval_epsilon, args.num_quantile_samples)
-        obs, rewards, terminated, truncated, _ = envs.step(actions)
-        score += float(rewards[0])  # the reset step between episodes has reward 0
-        if terminated[0] or truncated[0]:
-            scores.append(score)
-            score = 0.0
+        obs, rewards, terminated, truncated, infos = envs.step(actions)
+        game_over = terminated | truncated  # ale-py: a lost life ends no episode
+        if not args.capture_video:  # envpool: a lost life ends an episode; raw rewards and the game's end are in info
+            rewards, game_over = infos["reward"], infos["terminated"].astype(bool) | truncated
+        stats.update(rewards, is_reset_step, game_over)
+        is_reset_step = terminated | truncated  # the next step only resets (NEXT_STEP autoreset)
     envs.close()
-    return scores
+    return stats.scores
 
 
 CHECKPOINT_FORMAT = 2  # the layout of checkpoint.pt: a resume refuses files of another format
@@ -407,7 +409,7 @@ def main(args: Args) -> list[float]:
         if checkpoint:
             saved = run.restore({**checkpoint_state(), "action_log": action_log})  # the saved log fills its first rows
             iteration, updates = saved["iteration"], saved["updates"]
-            obs = plumbing.fast_forward(envs, action_log[:iteration], obs)
+            obs = run.fast_forward(envs, action_log[:iteration], obs)
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
                 rb.add_history(obs)
                 learn_after = iteration * args.num_envs + args.learning_starts
@@ -415,7 +417,8 @@ def main(args: Args) -> list[float]:
         progress = plumbing.Progress(args.total_timesteps, global_step)
         while global_step < args.total_timesteps:
             global_step += args.num_envs
-            epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
+            decay_steps = args.exploration_fraction * args.total_timesteps
+            epsilon = linear_schedule(args.start_e, args.end_e, decay_steps, global_step, args.learning_starts)
             actions = act(q_network, obs, epsilon, args.num_quantile_samples, warm_up=global_step <= args.learning_starts)
             action_log[iteration] = actions
             iteration += 1
@@ -463,4 +466,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    plumbing.cli(main, Args)

@@ -19,7 +19,6 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.optim as optim
-import tyro
 
 from cleanrl_q_utils import plumbing
 
@@ -75,8 +74,8 @@ class Args:
     """the fraction of `total_timesteps` over which epsilon decays linearly from `start_e` to `end_e`"""
     max_grad_norm: float = 10.0
     """the global norm the gradients are clipped to"""
-    eval_epsilon: float = 0.05
-    """the epsilon of the epsilon-greedy policy in `evaluate`"""
+    eval_epsilon: float = 0.0
+    """the epsilon of the epsilon-greedy policy in `evaluate` (0: greedy, as purejaxql's test environments)"""
     checkpoint_every: int = 0
     """write a resumable checkpoint every this many agent steps and at the end (0: only on SIGINT/SIGTERM)"""
     resume: Optional[str] = None
@@ -93,32 +92,28 @@ def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> i
 
 def validate_args(args: Args) -> None:
     """Stops with one clear message on flags that cannot work, before anything is built."""
-    spec = plumbing.check_env_id(args.env_id)
-    if len(spec.observation_space.shape) != 3:
-        plumbing.flag_error("env_id", args.env_id, "not an Atari game (image observations); use cleanrl/pqn.py")
-    positive = ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes")
-    plumbing.check_flags([(flag, getattr(args, flag), getattr(args, flag) >= 1, "must be at least 1") for flag in positive])
+    plumbing.check_common_flags(args)
+    spec = plumbing.check_env_id(args.env_id, atari=True)
+    needed = rollout_memory_bytes(args, spec.observation_space.shape, spec.observation_space.dtype)
+    plumbing.check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
     batch_size = args.num_envs * args.num_steps
     batch = f"num_envs * num_steps = {batch_size}"
     plumbing.check_flags(
         [
             ("num_minibatches", args.num_minibatches, batch_size % args.num_minibatches == 0, f"must divide {batch}"),
             ("total_timesteps", args.total_timesteps, args.total_timesteps >= batch_size, f"must be at least {batch}"),
-            ("q_lambda", args.q_lambda, 0.0 <= args.q_lambda <= 1.0, "must lie in [0, 1]"),
-            ("gamma", args.gamma, 0.0 <= args.gamma <= 1.0, "must lie in [0, 1]"),
-            ("exploration_fraction", args.exploration_fraction, 0.0 < args.exploration_fraction <= 1.0, "must lie in (0, 1]"),
-            ("checkpoint_every", args.checkpoint_every, args.checkpoint_every >= 0, "must be >= 0 (0: only on a signal)"),
+            ("exploration_fraction", args.exploration_fraction, args.exploration_fraction > 0, "must be in (0, 1]"),
         ]
     )
-    needed = rollout_memory_bytes(args, spec.observation_space.shape, spec.observation_space.dtype)
-    plumbing.check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
 
 
-def make_env(env_id: str, num_envs: int, seed: int, episodic_life: bool = True, reward_clip: bool = True):
-    """envpool Atari: 84x84 gray, 4 stacked frames, frame skip 4, 1-30 no-ops, no sticky actions, 108k-frame cap."""
+def make_env(env_id: str, num_envs: int, seed: int):
+    """envpool Atari: 84x84 gray, 4 stacked frames, frame skip 4, 1-30 no-ops, no sticky actions, 108k-frame cap; a lost
+    life ends an episode (envpool then plays no-ops and FIRE) and rewards are clipped, in training and evaluation."""
     protocol = dict(stack_num=4, max_episode_steps=27_000, noop_max=30, repeat_action_probability=0.0)
-    life_and_clip = dict(episodic_life=episodic_life, reward_clip=reward_clip)
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **protocol, **life_and_clip)
+    return envpool.make(
+        env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True, **protocol
+    )
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
@@ -216,33 +211,36 @@ def train_on_rollout(
 
 
 def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = "eval") -> list[float]:
-    """Plays `args.eval_episodes` full games (all lives) with a saved model and returns their scores."""
+    """Plays `args.eval_episodes` whole games with a saved model on the training environment (seeded with `args.seed + 1`),
+    as purejaxql's test environments: a lost life ends an episode and envpool serves the next with FIRE. Returns the
+    true scores (raw rewards over all lives). --capture-video plays them on ale-py, which also presses FIRE after a life."""
     if args.capture_video:
-        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name, frame_stack=4)])
-        obs, _ = envs.reset(seed=args.seed)
+        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name, max_episode_steps=27_000)])
+        obs, _ = envs.reset(seed=args.seed + 1)
     else:  # one environment per game, so that short games are not over-represented
-        envs = make_env(args.env_id, args.eval_episodes, args.seed, episodic_life=False, reward_clip=False)
+        envs = make_env(args.env_id, args.eval_episodes, args.seed + 1)
         obs, _ = envs.reset()
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)
     model = QNetwork(num_actions).to(device)
     model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
     model.eval()
-    scores, game_returns = [], np.zeros(num_envs)
+    stats, is_reset_step = plumbing.EpisodeStats(num_envs), np.zeros(num_envs, dtype=bool)
     while quota.sum() > 0:
         with torch.no_grad():
             greedy = model(torch.as_tensor(obs, device=device)).argmax(1).cpu().numpy()
         explore = np.random.rand(num_envs) < args.eval_epsilon
         actions = np.where(explore, np.random.randint(num_actions, size=num_envs), greedy)
-        obs, reward, terminated, truncated, _ = envs.step(actions)
-        game_returns += reward  # unclipped: reward clipping is off here
-        for i in np.flatnonzero(terminated | truncated):
-            if quota[i] > 0:
-                scores.append(float(game_returns[i]))
-                quota[i] -= 1
-            game_returns[i] = 0.0
+        obs, reward, terminated, truncated, info = envs.step(actions)
+        game_over = terminated | truncated  # ale-py: a lost life ends no episode
+        if not args.capture_video:  # envpool: the game's end and the raw rewards are in info
+            reward, game_over = info["reward"], info["terminated"].astype(bool) | truncated
+        counted = game_over & (quota > 0)  # each env counts its first `quota` games
+        stats.update(reward, is_reset_step, counted)
+        quota -= counted
+        is_reset_step = terminated | truncated  # the next step only resets (NEXT_STEP autoreset)
     envs.close()
-    return scores
+    return stats.scores
 
 
 CHECKPOINT_FORMAT = 2  # 2: the state `main` lists in `checkpoint_state`
@@ -295,7 +293,7 @@ def main(args: Args) -> list[float]:
         start_iteration = 0
         if checkpoint is not None:
             start_iteration = run.restore(checkpoint_state())["iteration"]
-            next_obs = plumbing.fast_forward(envs, action_log[: start_iteration * args.num_steps], next_obs, actions.dtype)
+            next_obs = run.fast_forward(envs, action_log[: start_iteration * args.num_steps], next_obs, actions.dtype)
         global_step = start_iteration * batch_size
         progress = plumbing.Progress(args.total_timesteps, global_step)
         for iteration in range(start_iteration, num_iterations):
@@ -359,4 +357,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    plumbing.cli(main, Args)

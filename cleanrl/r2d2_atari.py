@@ -18,7 +18,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import tyro
 
 from cleanrl_q_utils import plumbing
 
@@ -96,6 +95,8 @@ class Args:
     """base of the per-actor epsilons at the end of its linear decay"""
     exploration_fraction: float = 0.0
     """fraction of total-timesteps over which the base of the epsilons decays linearly from start-e to end-e"""
+    eval_epsilon: float = 0.001
+    """the epsilon of the evaluation episodes (0.001, the Atari evaluation of the dueling DQN and IQN papers)"""
     lstm_size: int = 512
     """units of the LSTM, of the torso before it and of each dueling head"""
     log_interval: int = 100
@@ -109,7 +110,8 @@ class Args:
 
 
 def validate_args(args: Args) -> None:
-    spec = plumbing.check_env_id(args.env_id)
+    plumbing.check_common_flags(args)
+    spec = plumbing.check_env_id(args.env_id, atari=True)
     min_buffer = args.num_envs * 2 * (args.seq_len + args.n_step)
     max_n_step = args.seq_len - args.burn_in
     checks = [
@@ -455,17 +457,17 @@ def play(model, envs, obs, frame_stack: int, device, epsilon: float) -> list[flo
     return scores
 
 
-def evaluate(model_path: str, args: Args, device, run_name: str, epsilon: float = 0.001) -> list[float]:
+def evaluate(model_path: str, args: Args, device, run_name: str) -> list[float]:
     """Runs a saved model for one episode on each of `args.eval_episodes` fresh environments; returns their game
-    scores. --capture-video records one more, greedy episode through ale-py with the training preprocessing."""
+    scores. --capture-video records one more episode through ale-py with the training preprocessing."""
     envs = make_env(args.env_id, args.eval_episodes, args.seed + 100)
     obs, _ = envs.reset()
     model = QNetwork(args.frame_stack, int(envs.action_space.n), args.lstm_size).to(device)
     model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
-    scores = play(model, envs, obs, args.frame_stack, device, epsilon)
+    scores = play(model, envs, obs, args.frame_stack, device, args.eval_epsilon)
     if args.capture_video:
         video_env = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name, frame_stack=1)])
-        play(model, video_env, video_env.reset(seed=0)[0], args.frame_stack, device, epsilon=0.0)
+        play(model, video_env, video_env.reset(seed=0)[0], args.frame_stack, device, args.eval_epsilon)
         video_env.close()
     return scores
 
@@ -517,7 +519,7 @@ def main(args: Args) -> list[float]:
         if checkpoint is not None:
             saved = run.restore(checkpoint_state())
             update_credit, updates, learn_from = saved["update_credit"], saved["updates"], saved["learn_from"]
-            obs = plumbing.fast_forward(envs, action_log[: global_step // num_envs], obs)
+            obs = run.fast_forward(envs, action_log[: global_step // num_envs], obs)
             if not rb.save_arrays:  # the replay starts empty: collect again before learning
                 learn_from = checkpoint["global_step"] + args.learning_starts
         progress = plumbing.Progress(args.total_timesteps, global_step)
@@ -584,4 +586,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    plumbing.cli(main, Args)

@@ -22,12 +22,11 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import tyro
 
 from cleanrl_q_utils import plumbing
 from cleanrl_q_utils.lstm_unroll import segment_bounds, unroll_lstm, unroll_lstm_merged
 
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 3  # 3: replay windows with the burn-in before them; the IQN-before-LSTM layer
 
 
 @dataclass
@@ -61,16 +60,16 @@ class Args:
     """hide the velocities of CartPole (observe cart position and pole angle only)"""
     num_envs: int = 16
     """the number of parallel game environments (one actor epsilon each)"""
-    buffer_size: int = 100_000
+    buffer_size: int = 300_000
     """the replay memory size in transitions (each frame is stored once)"""
     seq_len: int = 20
     """the length of a replayed training sequence"""
     batch_size: int = 32
     """the number of sequences per training batch"""
     replay_ratio: float = 8.0
-    """how many times each acted transition is replayed on average (32x20 batches: one update per 80 steps)"""
+    """how many times each acted step is trained on average (32x20 trained steps a batch: one update per 80 steps)"""
     burn_in: int = 10
-    """the first steps of each sequence only warm up the recurrent state (no loss, no gradient); 0 = off"""
+    """the steps before each sequence that only warm up its stored recurrent state (no loss, no gradient); 0 = off"""
     n_step: int = 5
     """the number of steps of the multi-step return"""
     gamma: float = 0.99
@@ -136,17 +135,17 @@ class Args:
 
 
 def validate_args(args):
+    plumbing.check_common_flags(args)
+    plumbing.check_env_id(args.env_id, atari=False)
     if args.mask_velocity and not args.env_id.startswith("CartPole"):
         plumbing.flag_error("mask_velocity", True, f"only defined for CartPole, not --env-id={args.env_id}")
-    plumbing.check_env_id(args.env_id)
     counts = "num_envs seq_len batch_size n_step num_tau_samples num_tau_prime_samples num_quantile_samples eval_episodes"
     plumbing.check_flags([(flag, getattr(args, flag), getattr(args, flag) >= 1, "at least 1") for flag in counts.split()])
-    two_windows = 2 * (args.seq_len + args.n_step) * args.num_envs
-    windows_rule = f"must hold two sequences of --seq-len + --n-step steps per environment ({two_windows})"
+    two_windows = 2 * (args.burn_in + args.seq_len + args.n_step) * args.num_envs
+    windows_rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
     video_ok = not args.capture_video or all(importlib.util.find_spec(name) for name in ("moviepy", "pygame"))
     plumbing.check_flags(
         [
-            ("burn_in", args.burn_in, 0 <= args.burn_in < args.seq_len, f"must be in [0, --seq-len={args.seq_len})"),
             ("buffer_size", args.buffer_size, args.buffer_size >= two_windows, windows_rule),
             ("replay_ratio", args.replay_ratio, args.replay_ratio > 0, "must be positive"),
             ("checkpoint_every", args.checkpoint_every, args.checkpoint_every >= 0, "must be at least 0"),
@@ -179,8 +178,8 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 class QNetwork(nn.Module):
     """MLP -> [features, one-hot last action, last reward, timestep] -> LSTM -> IQN layer -> dueling.
 
-    With `iqn_before_lstm` the quantile embedding modulates the MLP features instead; the LSTM then runs
-    once per quantile sample from a shared state, merged back by the mean after every step."""
+    With `iqn_before_lstm` the quantile embedding modulates the whole LSTM input instead (as in RLtime); the LSTM
+    then runs once per quantile sample from a shared state, merged back by the mean after every step."""
 
     def __init__(self, obs_size, num_actions, args):
         super().__init__()
@@ -190,7 +189,7 @@ class QNetwork(nn.Module):
         self.lstm = nn.LSTM(torso_size + num_actions + 2, args.lstm_size)
         for name, param in self.lstm.named_parameters():
             nn.init.orthogonal_(param) if "weight" in name else nn.init.constant_(param, 0.0)
-        embedded_size = torso_size if args.iqn_before_lstm else args.lstm_size
+        embedded_size = torso_size + num_actions + 2 if args.iqn_before_lstm else args.lstm_size
         self.quantile_embedding = nn.Sequential(layer_init(nn.Linear(args.quantile_embedding_dim, embedded_size)), nn.ReLU())
         self.register_buffer("cosine_frequencies", torch.arange(1, args.quantile_embedding_dim + 1) * np.pi)
 
@@ -219,13 +218,10 @@ class QNetwork(nn.Module):
         T, B = obs.shape[:2]
         x = self.torso(obs.reshape(T * B, *obs.shape[2:])).view(T, B, -1)
         last_action = F.one_hot(last_action.long() + 1, self.num_actions + 1)[..., 1:].float()  # -1 -> zeros
-        extras = [last_action, last_reward.unsqueeze(-1), timestep.unsqueeze(-1)]
+        x = torch.cat([x, last_action, last_reward.unsqueeze(-1), timestep.unsqueeze(-1)], -1)
         keep = (~is_first).unsqueeze(-1).float()
         if self.iqn_before_lstm:
-            x = x.unsqueeze(2) * self.embed(taus)
-            x = torch.cat([x] + [e.unsqueeze(2).expand(-1, -1, x.shape[2], -1) for e in extras], -1)
-            return unroll_lstm_merged(self.lstm, x, state, keep)
-        x = torch.cat([x] + extras, -1)
+            return unroll_lstm_merged(self.lstm, x.unsqueeze(2) * self.embed(taus), state, keep)
         return unroll_lstm(self.lstm, x, state, keep, [0, T] if bounds is None else bounds)
 
     def forward(self, obs, last_action, last_reward, timestep, is_first, state, taus, bounds=None):
@@ -254,24 +250,25 @@ class SumTree:
         index = np.ones(batch_size, dtype=np.int64)
         while index[0] < self.leaves:
             left = self.tree[2 * index]
-            go_right = mass >= left
+            go_right = (mass >= left) & (self.tree[2 * index + 1] > 0)  # rounding never ends on an empty leaf
             mass -= left * go_right
             index = 2 * index + go_right
         return index - self.leaves, self.tree[index] / total
 
 
 class SequenceReplay:
-    """Per-environment step streams in a ring; a training sequence is a window of `seq_len + n_step` slots
-    starting at a multiple of `seq_len`, with the recurrent state stored when its first slot was acted.
+    """Per-environment step streams in a ring. Window k trains the `seq_len` slots from k * seq_len; the
+    `burn_in` slots before them warm up the recurrent state stored when the first of them was acted, and the
+    `n_step` slots after them complete the targets. Windows overlap by burn-in and tail, so every step is trained once.
 
     Slot t holds the observation o_t and what the agent fed with it (last action, last clipped reward,
-    timestep, is_first), the action a_t, the clipped reward r_t and the end flags of that step, and
+    timestep, is_first), the action a_t, the reward r_t and the end flags of that step, and
     whether the step from o_t was envpool's reset step (its action was ignored; never trained on)."""
 
     ARRAYS = "obs last_action last_reward timestep is_first action reward is_reset_step terminated truncated".split()
 
     def __init__(self, args, obs_shape, obs_dtype, state_size, device):
-        self.seq_len, self.window = args.seq_len, args.seq_len + args.n_step
+        self.seq_len, self.burn_in, self.window = args.seq_len, args.burn_in, args.burn_in + args.seq_len + args.n_step
         self.capacity = args.buffer_size // args.num_envs // args.seq_len * args.seq_len  # per environment
         self.num_windows = self.capacity // args.seq_len
         N, C = args.num_envs, self.capacity
@@ -285,18 +282,18 @@ class SequenceReplay:
         self.max_priority = 1.0
 
     def add(self, state, **slot):
-        """Writes one step of every environment; `state` (h, c) is the state before o_t (kept at window starts)."""
+        """Writes one step of every environment; `state` (h, c) is the state before o_t (kept where a burn-in starts)."""
         t = self.pos % self.capacity
-        window = t // self.seq_len
-        if t % self.seq_len == 0:
+        if (t + self.burn_in) % self.seq_len == 0:
+            window = (t + self.burn_in) // self.seq_len % self.num_windows
             self.state[:, window] = torch.stack(state, 1)
             if self.priorities is not None:  # the old window here is being overwritten
                 self.priorities.update(self.window_ids(window), 0.0)
         for key, value in slot.items():
             getattr(self, key)[:, t] = value
         self.pos += 1
-        done = self.pos - self.window  # first slot of the window that just became complete
-        if self.priorities is not None and done >= 0 and done % self.seq_len == 0:
+        done = self.pos - self.window + self.burn_in  # first trained slot of the window that just became complete
+        if self.priorities is not None and done >= self.burn_in and done % self.seq_len == 0:
             self.priorities.update(self.window_ids(done % self.capacity // self.seq_len), self.max_priority)
 
     def window_ids(self, window):
@@ -304,7 +301,8 @@ class SequenceReplay:
 
     def valid_windows(self):
         """The first and last window number whose slots are all written and none overwritten."""
-        return max(0, -(-(self.pos - self.capacity) // self.seq_len)), (self.pos - self.window) // self.seq_len
+        oldest = max(0, self.pos - self.capacity) + self.burn_in  # the earliest first trained slot
+        return -(-oldest // self.seq_len), (self.pos - self.window + self.burn_in) // self.seq_len
 
     def num_valid(self):
         first, last = self.valid_windows()
@@ -320,7 +318,7 @@ class SequenceReplay:
         else:
             ids, probs = self.priorities.sample(batch_size)
             envs, windows = ids // self.num_windows, ids % self.num_windows
-        slots = (windows[None] * self.seq_len + np.arange(self.window)[:, None]) % self.capacity  # (T, B)
+        slots = (windows[None] * self.seq_len - self.burn_in + np.arange(self.window)[:, None]) % self.capacity  # (T, B)
         batch = {key: getattr(self, key)[envs[None], slots] for key in self.ARRAYS}
         state = self.state[torch.from_numpy(envs), torch.from_numpy(windows)]
         return batch, (state[:, 0], state[:, 1]), ids, probs
@@ -396,7 +394,7 @@ def inverse_value_rescale(x, eps=1e-3):
 
 def base_epsilon_schedule(global_step, total_timesteps, start=0.4, end=0.01, fraction=0.5):
     """The base of the per-actor epsilons: linear from `start` to `end` over `fraction` of training."""
-    progress = min(global_step / (fraction * total_timesteps), 1.0)
+    progress = min(global_step / max(fraction * total_timesteps, 1), 1.0)  # fraction 0: end at once
     return start + progress * (end - start)
 
 
@@ -455,7 +453,7 @@ class Agent:
 def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad_norm):
     """One update on batch_size sequences; returns the loss and mean Q as device tensors (no sync).
     `clip_grad_norm(parameters, max_norm)` clips the gradients and stops the run on a non-finite norm."""
-    batch, initial_state, ids, probs = rb.sample(args.batch_size)
+    batch, initial_state, ids, probs = rb.sample(args.batch_size)  # (burn_in + L + n, B) slots
     bounds = window_bounds = segment_bounds(batch["is_first"])
     b = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
     inputs = {k: b[k] for k in ["obs", "last_action", "last_reward", "timestep", "is_first"]}
@@ -463,8 +461,9 @@ def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad
     rand = lambda k: torch.rand(T, B, k, device=device)  # noqa: E731
     with torch.no_grad():
         target_taus = rand(args.num_tau_prime_samples)
-        target_quantiles, _ = target_network(**inputs, state=initial_state, taus=target_taus, bounds=window_bounds)
-        returns, discounts, bootstrap = n_step_targets(b["reward"], b["terminated"], b["truncated"], args.gamma, n)
+        target_quantiles = target_network(**inputs, state=initial_state, taus=target_taus, bounds=window_bounds)[0][burn_in:]
+        ends = [b[k][burn_in:] for k in ("reward", "terminated", "truncated")]  # slot 0: the first trained step
+        returns, discounts, bootstrap = n_step_targets(*ends, args.gamma, n)  # (L, B) each
     taus, state = rand(args.num_tau_samples), initial_state
     if burn_in > 0:  # the burn-in only warms up the stored state: no gradient, no loss
         with torch.no_grad():
@@ -474,13 +473,14 @@ def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad
         bounds = [0] + [t - burn_in for t in bounds if t > burn_in]
     trained_inputs = {k: v[burn_in:] for k, v in inputs.items()}
     features, _ = q_network.core(**trained_inputs, state=state, taus=taus[burn_in:], bounds=bounds)
-    quantiles = q_network.head(features[: L - burn_in], taus[burn_in:L])  # (L - burn_in, B, N, A)
+    taus = taus[burn_in : burn_in + L]
+    quantiles = q_network.head(features[:L], taus)  # (L, B, N, A)
     with torch.no_grad():
         select_taus = rand(args.num_quantile_samples)
         if args.iqn_before_lstm:  # the quantile samples enter the LSTM: the selection pass needs its own unroll
-            select_quantiles, _ = q_network(**inputs, state=initial_state, taus=select_taus, bounds=window_bounds)
+            select_quantiles = q_network(**inputs, state=initial_state, taus=select_taus, bounds=window_bounds)[0][burn_in:]
         else:  # reuse the LSTM features, new quantile samples in the head
-            select_quantiles = F.pad(q_network.head(features, select_taus[burn_in:]), (0, 0, 0, 0, 0, 0, burn_in, 0))
+            select_quantiles = q_network.head(features, select_taus[burn_in:])
         # Double Q: the online network picks the bootstrap action, the target network values it.
         gather = lambda z: z.gather(0, bootstrap.view(L, B, 1, 1).expand(-1, -1, *z.shape[2:]))  # noqa: E731
         next_actions = gather(select_quantiles).mean(2).argmax(2, keepdim=True)  # (L, B, 1)
@@ -491,13 +491,10 @@ def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad
         targets = returns.unsqueeze(2) + discounts.unsqueeze(2) * next_quantiles
         if args.value_rescaling:
             targets = value_rescale(targets)
-        targets = targets[burn_in:]
-    actions = b["action"][burn_in:L].long()
+    actions = b["action"][burn_in : burn_in + L].long()
     chosen = quantiles.gather(3, actions.view(*actions.shape, 1, 1).expand(-1, -1, args.num_tau_samples, 1)).squeeze(3)
-    loss = quantile_huber_loss(chosen.flatten(0, 1), taus[burn_in:L].flatten(0, 1), targets.flatten(0, 1), args.kappa)
-    loss = loss.view(L - burn_in, B)
-    # Reset steps (the action was ignored) and the burn-in are never trained on.
-    mask = (~b["is_reset_step"][burn_in:L]).float()
+    loss = quantile_huber_loss(chosen.flatten(0, 1), taus.flatten(0, 1), targets.flatten(0, 1), args.kappa).view(L, B)
+    mask = (~b["is_reset_step"][burn_in : burn_in + L]).float()  # reset steps (the action was ignored) are never trained
     weights = torch.ones(B, device=device)
     if probs is not None:  # importance sampling, normalized by the largest weight in the batch
         w = (rb.num_valid() * probs) ** -args.prioritized_replay_beta
@@ -567,7 +564,7 @@ def main(args: Args) -> list[float]:
         rb = SequenceReplay(args, envs.observation_space.shape, envs.observation_space.dtype, args.lstm_size, device)
         agent = Agent(q_network, args.num_envs, args, device)
         stats = plumbing.EpisodeStats(args.num_envs)
-        # One update of batch_size x seq_len slots per this many agent steps keeps the replay ratio.
+        # One update of batch_size x seq_len trained slots per this many agent steps keeps the replay ratio.
         update_every = max(1, round(args.batch_size * args.seq_len / args.replay_ratio / args.num_envs))
         target_every = max(1, args.target_network_frequency // (args.num_envs * update_every))
         num_iterations = args.total_timesteps // args.num_envs
@@ -587,7 +584,7 @@ def main(args: Args) -> list[float]:
         if checkpoint:
             saved = run.restore(checkpoint_state())
             start_iteration, updates = saved["iteration"], saved["updates"]
-            obs = plumbing.fast_forward(envs, action_log[:start_iteration], obs)
+            obs = run.fast_forward(envs, action_log[:start_iteration], obs)
         progress = plumbing.Progress(args.total_timesteps, start_iteration * args.num_envs)
         for iteration in range(start_iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
@@ -608,7 +605,7 @@ def main(args: Args) -> list[float]:
             is_reset_step, obs = terminated | truncated, next_obs
 
             # Learning starts once the replay holds learning_starts steps: after a resume without it, again.
-            if rb.pos * args.num_envs > args.learning_starts and iteration % update_every == 0 and rb.pos >= rb.window:
+            if rb.pos * args.num_envs > args.learning_starts and iteration % update_every == 0 and rb.num_valid() > 0:
                 if args.anneal_lr:
                     optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
                 clip = functools.partial(run.clip_grad_norm, global_step=global_step)
@@ -645,4 +642,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    main(tyro.cli(Args))
+    plumbing.cli(main, Args)

@@ -17,9 +17,14 @@ saves, and how its loop works, stays in the script. The life of a run, as a scri
                 break
 """
 
+import contextlib
+import hashlib
+import math
 import os
 import random
 import signal
+import sys
+import threading
 import time
 from collections import deque
 from dataclasses import fields, replace
@@ -28,10 +33,44 @@ from typing import Callable, NoReturn, Optional
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.nn as nn
 from torch.utils.tensorboard import SummaryWriter
 
-# Flags a resumed run takes from its command line; every other flag comes from the checkpoint.
-RESUME_FLAGS = ("resume", "checkpoint_every", "cuda", "track")
+# How a run is carried out, not what it computes: a resumed run keeps the checkpoint's values unless the command line
+# gives others. RECOVERY_FLAGS may also be changed on resume (with a note), e.g. a smaller step after a NaN stop;
+# every other flag comes from the checkpoint.
+OPERATIONAL_FLAGS = ("checkpoint_every", "checkpoint_replay", "track", "cuda")
+RECOVERY_FLAGS = ("learning_rate", "max_grad_norm")
+# Ranges of the flags that several scripts share, checked by `check_common_flags` for every field a script has.
+# NaN fails every test (comparisons with NaN are false).
+FLAG_RANGES = {
+    **dict.fromkeys(
+        ("learning_rate", "adam_eps", "kappa", "prioritized_replay_eps", "replay_ratio"), (lambda v: 0 < v < math.inf, "> 0")
+    ),
+    "max_grad_norm": (lambda v: v > 0, "> 0 (inf: no clipping)"),
+    **dict.fromkeys(
+        ("gamma", "q_lambda", "start_e", "end_e", "eval_epsilon", "priority_eta"), (lambda v: 0 <= v <= 1, "in [0, 1]")
+    ),
+    "exploration_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    **dict.fromkeys(
+        (
+            "prioritized_replay_alpha",
+            "prioritized_replay_beta",
+            "epsilon_alpha",
+            "learning_starts",
+            "burn_in",
+            "checkpoint_every",
+            "eval_episodes",
+        ),
+        (lambda v: 0 <= v < math.inf, ">= 0"),
+    ),
+    "seed": (lambda v: 0 <= v < 2**32, "in [0, 2^32)"),
+}
+COUNT_FLAGS = (  # numbers of things: at least 1
+    "total_timesteps num_envs num_steps num_minibatches update_epochs batch_size buffer_size seq_len n_step "
+    "train_frequency target_network_frequency hidden_size lstm_size quantile_embedding_dim num_tau_samples "
+    "num_tau_prime_samples num_quantile_samples log_interval max_episode_steps frame_stack"
+).split()
 
 
 def flag_error(flag: str, value, allowed: str) -> NoReturn:
@@ -46,8 +85,23 @@ def check_flags(checks: list[tuple[str, object, bool, str]]) -> None:
             flag_error(flag, value, allowed)
 
 
-def check_env_id(env_id: str):
-    """The envpool spec of `env_id`, after checking that envpool knows it and that its actions are discrete."""
+def check_common_flags(args) -> None:
+    """Range checks of every flag in FLAG_RANGES and COUNT_FLAGS that `args` has, before the script's own checks: a
+    learning rate of 0 or NaN, a negative max grad norm (it would flip the gradient), an epsilon above 1 stop here."""
+    for name, value in vars(args).items():
+        if name in COUNT_FLAGS and not (isinstance(value, int) and value >= 1):
+            flag_error(name, value, "must be a whole number >= 1")
+        if name in FLAG_RANGES and not FLAG_RANGES[name][0](value):
+            flag_error(name, value, f"must be {FLAG_RANGES[name][1]}")
+    if "learning_starts" in vars(args) and args.total_timesteps <= args.learning_starts:
+        flag_error("total_timesteps", args.total_timesteps, f"must exceed --learning-starts={args.learning_starts}")
+    # Every action of the run is logged (a byte per environment step) so that a resume can replay it.
+    check_memory(args.total_timesteps, "the action log", f"--total-timesteps={args.total_timesteps}")
+
+
+def check_env_id(env_id: str, atari: Optional[bool] = None):
+    """The envpool spec of `env_id`, after checking that envpool knows it, that its actions are discrete and, with
+    `atari` given, that it is (True) or is not (False) an Atari game of image observations."""
     import envpool
 
     if env_id not in envpool.list_all_envs():
@@ -55,6 +109,9 @@ def check_env_id(env_id: str):
     spec = envpool.make_spec(env_id)
     if not isinstance(spec.action_space, gym.spaces.Discrete):
         flag_error("env_id", env_id, f"has a {type(spec.action_space).__name__} action space; discrete actions needed")
+    if atari is not None and (len(spec.observation_space.shape) == 3) != atari:
+        kind = "an Atari game (e.g. Breakout-v5)" if atari else "vector observations (e.g. CartPole-v1)"
+        flag_error("env_id", env_id, f"this script needs {kind}; its docs page names the script for the other kind")
     return spec
 
 
@@ -147,9 +204,10 @@ class Progress:
 
 
 def resume(given, script: str, checkpoint_format: int):
-    """(args, checkpoint) of a run: `given` unchanged and no checkpoint, or with --resume the checkpoint and its flags,
-    except RESUME_FLAGS, which come from the command line. Names the given flags that the checkpoint overrides.
-    `script` is the path of the script (`__file__`); a checkpoint of another script or format stops the run."""
+    """(args, checkpoint) of a run: `given` unchanged and no checkpoint, or with --resume the checkpoint and its flags.
+    OPERATIONAL_FLAGS keep the checkpoint's values unless given on the command line, RECOVERY_FLAGS may be changed
+    (with a note), and other given flags that differ from the checkpoint's are named and ignored. `script` is the
+    script's path (`__file__`); a checkpoint of another script or format, or whose contents changed, stops the run."""
     if given.resume is None:
         return given, None
     if not os.path.isfile(given.resume):
@@ -163,14 +221,44 @@ def resume(given, script: str, checkpoint_format: int):
             raise ValueError(f"written by {checkpoint['script']}, not {script}")
         if checkpoint["format"] != checkpoint_format or set(checkpoint["args"]) != names:
             raise ValueError(f"format {checkpoint['format']}, expected {checkpoint_format}")
+        if content_digest({k: v for k, v in checkpoint.items() if k != "digest"}) != checkpoint["digest"]:
+            raise ValueError("its contents do not match their checksum (a damaged file)")
     except Exception as error:
         flag_error("resume", given.resume, f"not a readable checkpoint ({type(error).__name__}: {error})")
-    saved, defaults = checkpoint["args"], type(given)()
-    for name in names - set(RESUME_FLAGS):
+    saved, defaults, changes = checkpoint["args"], type(given)(), {"resume": given.resume}
+    for name in sorted(names - {"resume"}):
         value = getattr(given, name)
-        if value != saved[name] and value != getattr(defaults, name):
+        if value == saved[name] or value == getattr(defaults, name):
+            continue
+        if name in OPERATIONAL_FLAGS + RECOVERY_FLAGS:
+            changes[name] = value
+            if name in RECOVERY_FLAGS:
+                print(f"resume: --{name.replace('_', '-')} changes from {saved[name]} to {value}")
+        else:
             print(f"resume: ignoring --{name.replace('_', '-')}={value}; the checkpoint's value is {saved[name]}")
-    return replace(type(given)(**saved), **{name: getattr(given, name) for name in RESUME_FLAGS}), checkpoint
+    return replace(type(given)(**saved), **changes), checkpoint
+
+
+def content_digest(value, hasher=None) -> str:
+    """A BLAKE2 checksum of every tensor, array and number in `value`, in a fixed order. Stored in each checkpoint and
+    checked on resume: a byte flipped inside a saved tensor is caught, which torch.load alone would not notice."""
+    top = hasher is None
+    hasher = hashlib.blake2b(digest_size=16) if top else hasher
+    if isinstance(value, dict):
+        for key in sorted(value, key=repr):
+            hasher.update(repr(key).encode())
+            content_digest(value[key], hasher)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            content_digest(item, hasher)
+    elif isinstance(value, (torch.Tensor, np.ndarray)) and value.dtype != object:
+        array = value.detach().cpu().contiguous().numpy() if isinstance(value, torch.Tensor) else value
+        data = memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+        for start in range(0, len(data), 1 << 26):  # in pieces: a signal is answered between them
+            hasher.update(data[start : start + (1 << 26)])
+    else:
+        hasher.update(repr(value).encode())
+    return hasher.hexdigest() if top else ""
 
 
 def state_of(value):
@@ -212,16 +300,42 @@ def set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def fast_forward(envs, action_log: np.ndarray, expected_obs: np.ndarray, action_dtype=np.int64) -> np.ndarray:
-    """Brings just reset envs back to a checkpoint's state: envpool cannot save its state, but it is deterministic
-    given its seed and the actions. Steps through every logged action; returns the last observation."""
-    print(f"resume: replaying {len(action_log)} logged environment steps")
-    obs = None
-    for actions in action_log:
-        obs = envs.step(actions.astype(action_dtype))[0]
-    if obs is not None and not np.array_equal(obs, expected_obs):
-        raise SystemExit("error: the environment replay diverged from the checkpoint (another envpool version or env id?)")
-    return expected_obs if obs is None else obs
+def all_finite(value) -> bool:
+    """False if a floating tensor or array anywhere in `value` holds NaN or inf."""
+    if isinstance(value, dict):
+        return all(all_finite(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(all_finite(item) for item in value)
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return bool(torch.isfinite(value).all())
+    if isinstance(value, np.ndarray) and np.issubdtype(value.dtype, np.floating):
+        return bool(np.isfinite(value).all())
+    return True
+
+
+stop_signal = None  # the signal that stopped the last run before its end, if one did
+
+
+def new_run_name(args) -> str:
+    """A fresh run name, whose directory under runs/ this call creates: a run started in the same second with the same
+    env, name and seed (a sweep) gets a suffix instead of sharing, and overwriting, the other's files."""
+    base = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    for suffix in ["", *(f"_{i}" for i in range(2, 1000))]:
+        with contextlib.suppress(FileExistsError):
+            os.makedirs(f"runs/{base}{suffix}")
+            return base + suffix
+    raise SystemExit(f"error: could not create a run directory runs/{base}_*")
+
+
+def cli(main, args_class) -> None:
+    """A script's command line: parses the flags into `args_class` and runs `main`. A run stopped by SIGINT or SIGTERM
+    (after writing its checkpoint) exits with 128 + the signal's number, so that shells and schedulers can tell it
+    from a finished run."""
+    import tyro
+
+    main(tyro.cli(args_class))
+    if stop_signal is not None:
+        sys.exit(128 + stop_signal)
 
 
 class Run:
@@ -230,12 +344,14 @@ class Run:
     signal handlers and closes the logs (tests call `main` in-process, so handlers must not leak)."""
 
     def __init__(self, args, checkpoint: Optional[dict], script: str, checkpoint_format: int):
+        global stop_signal
+        stop_signal = None
         self.args, self.checkpoint, self.format = args, checkpoint, checkpoint_format
-        self.script = os.path.basename(script)
-        self.name = (
-            checkpoint["run_name"] if checkpoint else f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        )
-        self.dir, self.last_checkpoint = f"runs/{self.name}", args.resume
+        self.script = os.path.abspath(script)
+        self.name = checkpoint["run_name"] if checkpoint else new_run_name(args)
+        # A resumed run goes on in its checkpoint's directory, from wherever it is started.
+        self.dir = os.path.dirname(os.path.abspath(args.resume)) if checkpoint else f"runs/{self.name}"
+        self.last_checkpoint = args.resume
         self.checkpoint_path = f"{self.dir}/checkpoint.pt"
         self.wandb_id = checkpoint["wandb_id"] if checkpoint else None
         if args.track:
@@ -250,19 +366,33 @@ class Run:
         if checkpoint is None:
             rows = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
             self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
-        self.stop_requested = self.stopped = False
+        self.stop_requested = self.stopped = self.replaying = False
         self.previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        # Python runs a handler once for signals that arrive during one long C call (say, copying a large replay);
+        # the wakeup pipe gets a byte for every signal, so two of them are never taken for one.
+        self.wakeup, wakeup_write = os.pipe()
+        os.set_blocking(self.wakeup, False)
+        os.set_blocking(wakeup_write, False)
+        self.previous_wakeup = signal.set_wakeup_fd(wakeup_write)
 
     def _on_signal(self, signum, frame):
-        if self.stop_requested:  # a second signal: exit at once
+        self.signum = signum
+        with contextlib.suppress(BlockingIOError):
+            arrived = len(os.read(self.wakeup, 64))
+        if self.stop_requested or self.replaying or arrived > 1:  # a second signal, or nothing new to save yet: exit at once
             self.restore_handlers()
-            raise KeyboardInterrupt
+            print(f"exiting at once on {signal.Signals(signum).name}; last good checkpoint: {self.last_checkpoint or 'none'}")
+            raise SystemExit(128 + signum)  # leaving `save`, this removes a partly written file
         self.stop_requested = True
         print("stopping after this step, with a checkpoint; a second signal exits at once")
 
     def restore_handlers(self) -> None:
         for sig, handler in self.previous_handlers.items():
             signal.signal(sig, handler)
+        if self.wakeup is not None:
+            os.close(signal.set_wakeup_fd(self.previous_wakeup))
+            os.close(self.wakeup)
+            self.wakeup = None
 
     def __enter__(self):
         return self
@@ -274,6 +404,19 @@ class Run:
             import wandb
 
             wandb.finish()
+
+    def fast_forward(self, envs, action_log: np.ndarray, expected_obs: np.ndarray, action_dtype=np.int64) -> np.ndarray:
+        """Brings just reset envs back to the checkpoint's state: envpool cannot save its state, but it is deterministic
+        given its seed and the actions. Steps through every logged action and returns the last observation; a signal
+        meanwhile exits at once (the checkpoint is still the newest state)."""
+        print(f"resume: replaying {len(action_log)} logged environment steps")
+        obs, self.replaying = None, True
+        for actions in action_log:
+            obs = envs.step(actions.astype(action_dtype))[0]
+        self.replaying = False
+        if obs is not None and not np.array_equal(obs, expected_obs):
+            raise SystemExit("error: the environment replay diverged from the checkpoint (another envpool version?)")
+        return expected_obs if obs is None else obs
 
     def restore(self, state: dict) -> dict:
         """Loads the checkpoint into `state` (the script's checkpoint state) in place, then the random generators
@@ -288,11 +431,47 @@ class Run:
         return saved
 
     def save(self, global_step: int, state: dict) -> str:
-        """Writes beside the previous checkpoint, then renames over it: a crash while writing leaves that one whole."""
-        header = dict(format=self.format, script=self.script, args=vars(self.args), run_name=self.name, wandb_id=self.wandb_id)
-        checkpoint = dict(header, global_step=global_step, rng=rng_states(), state={k: state_of(v) for k, v in state.items()})
-        torch.save(checkpoint, self.checkpoint_path + ".tmp")
-        os.replace(self.checkpoint_path + ".tmp", self.checkpoint_path)
+        """Writes beside the previous checkpoint, syncs, then renames over it: a crash, a full disk or a second signal
+        while writing leaves that one whole. A state holding NaN or inf is not written (the previous one stays good)."""
+        learned = [state_of(value) for value in state.values() if isinstance(value, (nn.Module, torch.optim.Optimizer))]
+        state = {key: state_of(value) for key, value in state.items()}
+        header = dict(format=self.format, script=os.path.basename(self.script), args=vars(self.args), run_name=self.name)
+        checkpoint = dict(header, wandb_id=self.wandb_id, global_step=global_step, rng=rng_states(), state=state)
+        if not all_finite(learned):  # weights and optimizer moments (buffers may hold inf by design, e.g. min-trees)
+            raise SystemExit(
+                f"error: non-finite values in the state at step {global_step}; no checkpoint written; "
+                f"last good checkpoint: {self.last_checkpoint or 'none written'}"
+            )
+        checkpoint["digest"] = content_digest(checkpoint)
+        tmp, failed = self.checkpoint_path + ".tmp", []
+
+        def write():
+            try:
+                with open(tmp, "wb") as file:
+                    torch.save(checkpoint, file)
+                    file.flush()
+                    os.fsync(file.fileno())
+            except BaseException as error:
+                failed.append(error)
+
+        # Written by a helper thread, so that this one stays free to answer a second signal at once.
+        writer = threading.Thread(target=write, daemon=True)
+        try:
+            writer.start()
+            while writer.is_alive():
+                writer.join(0.05)
+            if failed:
+                raise failed[0]
+            os.replace(tmp, self.checkpoint_path)
+        except BaseException as error:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            if isinstance(error, (OSError, RuntimeError)):  # torch.save reports a full disk as a RuntimeError
+                raise SystemExit(
+                    f"error: writing the checkpoint failed at step {global_step} ({error}); is the disk full? "
+                    f"last good checkpoint: {self.last_checkpoint or 'none written'}"
+                ) from None
+            raise
         self.last_checkpoint = self.checkpoint_path
         return self.checkpoint_path
 
@@ -305,10 +484,11 @@ class Run:
         if crossed or stopping or (every > 0 and last):
             self.save(global_step, state())
         if stopping:
-            self.stopped = True
+            global stop_signal
+            self.stopped, stop_signal = True, self.signum
             print(
                 f"checkpoint written to {self.checkpoint_path}; continue the run with:\n"
-                f"  python cleanrl/{self.script} --resume {self.checkpoint_path}"
+                f"  python {self.script} --resume {os.path.abspath(self.checkpoint_path)}"
             )
         return stopping
 

@@ -10,6 +10,7 @@ import torch
 
 import cleanrl.dqn_dueling_per as script
 from cleanrl.dqn_dueling_per import Args, NStepWindow, PrioritizedReplayBuffer, main, replay_memory_bytes
+from cleanrl_q_utils.plumbing import content_digest
 
 from interrupts import interrupt_at_step
 
@@ -95,14 +96,14 @@ def test_resume_without_replay_refills_the_buffer_and_finishes(tmp_path, monkeyp
     path = only_checkpoint()
     loss, updates = script.weighted_huber_loss, []
     monkeypatch.setattr(script, "weighted_huber_loss", lambda *a: updates.append(1) or loss(*a))
-    scores = main(Args(resume=path, checkpoint_every=1000, learning_rate=0.5))
+    scores = main(Args(resume=path, checkpoint_every=1000, gamma=0.5))
     # Resumed at step 400 with an empty buffer: one update per iteration only after step 400 + 200.
     assert len(updates) == (2000 - 600) // 4
     out = capsys.readouterr().out
     assert "replaying 100 logged environment steps" in out
-    assert "ignoring" in out and "--learning-rate=0.5" in out
+    assert "ignoring --gamma=0.5" in out
     final = load(path)
-    assert final["global_step"] == 2000 and final["args"]["learning_rate"] == 1e-3  # the checkpoint's, not 0.5
+    assert final["global_step"] == 2000 and final["args"]["gamma"] == 0.99  # the checkpoint's, not 0.5
     assert len(scores) == len(final["state"]["stats"]["scores"]) > 0
 
 
@@ -129,6 +130,7 @@ def test_diverged_environment_replay_is_refused(tmp_path, monkeypatch):
     path = only_checkpoint()
     checkpoint = load(path)
     checkpoint["state"]["action_log"][5] = 1 - checkpoint["state"]["action_log"][5]  # a different past
+    checkpoint["digest"] = content_digest({key: value for key, value in checkpoint.items() if key != "digest"})
     torch.save(checkpoint, path)
     with pytest.raises(SystemExit, match="environment replay diverged"):
         main(Args(resume=path))
@@ -220,9 +222,9 @@ def test_atari_sigint_checkpoint_and_resume_smoke(tmp_path, monkeypatch):
 def test_tracked_resume_continues_the_same_wandb_run(offline_wandb, monkeypatch):
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, script, 20)
-        main(Args(**dict(SMALL, total_timesteps=200), track=True))
+        main(Args(**dict(SMALL, total_timesteps=400), track=True))
     path = only_checkpoint()
     saved_id = load(path)["wandb_id"]
     assert saved_id is not None
     main(Args(resume=path, track=True, checkpoint_every=100))
-    assert load(path)["wandb_id"] == saved_id and load(path)["global_step"] == 200
+    assert load(path)["wandb_id"] == saved_id and load(path)["global_step"] == 400

@@ -219,7 +219,7 @@ def test_tracked_run_resumes_its_wandb_run(offline_wandb, monkeypatch):
     monkeypatch.setattr(wandb, "init", recording_init)
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2, 20)
-        r2d2.main(r2d2.Args(**dict(TINY, total_timesteps=200), track=True))
+        r2d2.main(r2d2.Args(**dict(TINY, total_timesteps=400), track=True))
     saved_id = load(only_checkpoint())["wandb_id"]
     r2d2.main(r2d2.Args(resume=only_checkpoint(), track=True, cuda=False))
     assert ids == [(None, saved_id), (saved_id, saved_id)]

@@ -250,6 +250,30 @@ def test_dueling_network_shapes_and_mean_advantage_identity():
         torch.testing.assert_close(q.mean(dim=1, keepdim=True), net.value(z))  # mean_a Q = V
 
 
+@pytest.mark.parametrize("shape, torso_scale", [((4, 84, 84), 2**-0.5), ((4,), 1.0)])
+def test_torso_gradient_is_scaled_by_one_over_sqrt2_on_atari_only(shape, torso_scale):
+    """Wang et al. 2016 rescale the gradient entering the last conv layer by 1/sqrt(2); the MLP path is untouched.
+    Reference: the chain rule by hand, dLoss/dz from the streams, then pushed through the torso scaled by hand."""
+    torch.manual_seed(0)
+    net = DuelingQNetwork(shape, 3, hidden_size=8)
+    x = torch.rand(5, *shape) * (255 if len(shape) == 3 else 1)
+    weights = torch.randn(5, 3)
+    (net(x) * weights).sum().backward()
+    got = [p.grad.clone() for p in net.parameters()]
+    torso, heads = list(net.torso.parameters()), list(net.value.parameters()) + list(net.advantage.parameters())
+    z = net.torso(x.float() / 255 if len(shape) == 3 else x)
+    loss = (dueling_combine(net.value(z), net.advantage(z)) * weights).sum()
+    grad_z, *grad_heads = torch.autograd.grad(loss, [z, *heads])
+    grad_torso = torch.autograd.grad(z, torso, grad_outputs=grad_z * torso_scale)
+    expected = dict(zip(map(id, torso + heads), [*grad_torso, *grad_heads]))
+    for param, grad in zip(net.parameters(), got):
+        torch.testing.assert_close(grad, expected[id(param)])
+
+
+def test_atari_gradients_are_clipped_to_norm_10():
+    assert Args().max_grad_norm == 10.0  # Wang et al. 2016 clip the gradient norm at 10 (Atari); the default path too
+
+
 def test_double_q_targets_by_hand():
     returns = torch.tensor([1.0, 2.0])
     discounts = torch.tensor([0.5, 0.0])

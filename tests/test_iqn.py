@@ -234,6 +234,38 @@ def test_n_step_samples_stop_at_episode_ends(time_out):
             assert discount == (0.0 if (t + m - 1) % 6 == 4 and not time_out else 0.5**m)
 
 
+def test_atari_epsilon_holds_at_one_through_the_warm_up_then_decays_as_dopamine():
+    """Dopamine's linearly_decaying_epsilon, in its own 'bonus' form: 1 until the warm-up ends, then linear over the
+    decay period. The IQN paper's schedule: 50k warm-up steps, 1M decay steps, final epsilon 0.01."""
+
+    def dopamine(decay_period, step, warmup_steps, epsilon):
+        bonus = (1.0 - epsilon) * (decay_period + warmup_steps - step) / decay_period
+        return epsilon + min(max(bonus, 0.0), 1.0 - epsilon)
+
+    by_hand = {0: 1.0, 50_000: 1.0, 550_000: 0.505, 1_050_000: 0.01, 2_000_000: 0.01}
+    for step in [*by_hand, 1, 49_999, 50_001, 300_000, 1_049_999]:
+        got = iqn_atari.linear_schedule(1.0, 0.01, 1_000_000, step, 50_000)
+        assert got == pytest.approx(dopamine(1_000_000, step, 50_000, 0.01), abs=1e-12)
+        if step in by_hand:
+            assert got == pytest.approx(by_hand[step], abs=1e-12)
+
+
+def test_atari_training_loop_starts_the_epsilon_decay_at_learning_starts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    epsilons, act = [], iqn_atari.act
+    monkeypatch.setattr(
+        iqn_atari, "act", lambda q, obs, epsilon, *a, **k: epsilons.append(epsilon) or act(q, obs, 0.0, *a, **k)
+    )
+    args = iqn_atari.Args(total_timesteps=240, num_envs=2, learning_starts=160, buffer_size=400, batch_size=4,
+                          num_tau_samples=8, num_tau_prime_samples=8, num_quantile_samples=8, hidden_size=32,
+                          end_e=0.01, exploration_fraction=0.2, eval_episodes=0)  # fmt: skip
+    iqn_atari.main(args)
+    steps = 2 * np.arange(1, len(epsilons) + 1)  # the global step of each act call
+    assert len(epsilons) == 120 and all(e == 1.0 for e in np.array(epsilons)[steps <= 160])
+    expected = 1.0 - 0.99 * (steps[steps > 160] - 160) / 48  # 48 = 0.2 * 240 decay steps after the warm-up
+    np.testing.assert_allclose(np.array(epsilons)[steps > 160], np.maximum(expected, 0.01), rtol=1e-12)
+
+
 def test_replay_resident_memory_is_one_frame_per_transition():
     rb = iqn_atari.ReplayBuffer(10_000, 4, (84, 84), 4, "cpu", np.random.default_rng(0))
     total = sum(a.nbytes for a in (rb.frames, rb.game_start, rb.actions, rb.rewards, rb.terminated, rb.valid))

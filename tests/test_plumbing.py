@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils.plumbing import EpisodeStats, Run, check_flags, fast_forward, resume
+from cleanrl_q_utils.plumbing import EpisodeStats, Run, check_flags, resume
 
 FORMAT = 7
 
@@ -56,10 +57,11 @@ def test_first_signal_asks_for_a_checkpointed_stop_and_handlers_are_restored_on_
         assert torch.load(run.checkpoint_path, weights_only=False)["global_step"] == 20
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
-    with pytest.raises(KeyboardInterrupt):  # a second signal exits at once
+    with pytest.raises(SystemExit) as stop:  # a second signal exits at once, with 128 + its number
         with start():
             signal.raise_signal(signal.SIGINT)
             signal.raise_signal(signal.SIGINT)
+    assert stop.value.code == 128 + signal.SIGINT
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
     with pytest.raises(SystemExit):  # an error leaving the block restores them too
@@ -95,6 +97,59 @@ def test_checkpoints_fall_where_global_step_crosses_a_multiple_of_checkpoint_eve
     assert written == expected
 
 
+def run_child(code, tmp_path):
+    child = textwrap.dedent(
+        f"""
+        import sys, signal, time, torch
+        sys.path.insert(0, {os.getcwd()!r})
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from cleanrl_q_utils import plumbing
+        from test_plumbing import Args, SCRIPT
+        """
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", child + textwrap.dedent(code)], stdout=subprocess.PIPE, cwd=tmp_path, text=True
+    )
+
+
+def test_a_run_stopped_by_a_signal_exits_with_128_plus_its_number(tmp_path):
+    process = run_child(
+        """
+        def main(args):
+            with plumbing.Run(args, None, SCRIPT, 7) as run:
+                signal.raise_signal(signal.SIGTERM)
+                assert run.checkpoint_or_stop(1, 1, False, lambda: {"x": 1})
+        sys.argv = ["toy"]
+        plumbing.cli(main, Args)
+        """,
+        tmp_path,
+    )
+    assert process.wait() == 128 + signal.SIGTERM
+    assert "continue the run" in process.stdout.read()
+
+
+def test_a_second_signal_during_a_large_write_exits_cleanly_and_leaves_the_last_checkpoint(tmp_path):
+    process = run_child(
+        """
+        with plumbing.Run(Args(), None, SCRIPT, 7) as run:
+            run.save(1, {"big": torch.ones(10)})
+            big = torch.ones(300_000_000)  # 1.2 GB: seconds to check and write
+            print("saving", flush=True)
+            run.save(2, {"big": big})
+        """,
+        tmp_path,
+    )
+    process.stdout.readline()
+    time.sleep(0.3)  # inside the large save
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 128 + signal.SIGTERM
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert not (run_dir / "checkpoint.pt.tmp").exists()
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 1
+
+
 def test_a_killed_save_leaves_the_previous_checkpoint_whole(tmp_path):
     """A child process keeps rewriting a large checkpoint and is killed with SIGKILL mid-write: the file left behind
     always loads, whole, as one of the states written."""
@@ -124,16 +179,76 @@ def test_a_killed_save_leaves_the_previous_checkpoint_whole(tmp_path):
     assert big.numel() == 20_000_000 and bool((big == saved["global_step"]).all())
 
 
-def test_resume_takes_the_checkpoints_flags_but_the_operational_ones_from_the_command_line(capsys):
-    with start(Args(seed=3, learning_rate=0.5)) as run:
+def test_resume_keeps_the_checkpoints_flags_operational_ones_included_unless_given(capsys):
+    with start(Args(seed=3, learning_rate=0.5, checkpoint_every=1000)) as run:
         path = run.save(40, {"x": 1})
-    given = Args(seed=9, learning_rate=1e-3, checkpoint_every=50, resume=path)  # lr at its default: not reported
-    args, checkpoint = resume(given, SCRIPT, FORMAT)
-    assert (args.seed, args.learning_rate, args.checkpoint_every, args.resume) == (3, 0.5, 50, path)
+    args, checkpoint = resume(Args(resume=path), SCRIPT, FORMAT)  # as the printed hint runs it
+    assert (args.seed, args.learning_rate, args.checkpoint_every, args.resume) == (3, 0.5, 1000, path)
     assert checkpoint["global_step"] == 40
+    given = Args(seed=9, learning_rate=0.1, checkpoint_every=50, resume=path)
+    args, _ = resume(given, SCRIPT, FORMAT)
+    assert (args.seed, args.learning_rate, args.checkpoint_every) == (3, 0.1, 50)  # a recovery flag may change
     out = capsys.readouterr().out
-    assert "--seed=9" in out and "learning-rate" not in out
+    assert "ignoring --seed=9" in out and "--learning-rate changes from 0.5 to 0.1" in out
     assert resume(Args(), SCRIPT, FORMAT) == (Args(), None)
+
+
+def test_the_resume_hint_works_from_any_directory(capsys, tmp_path, monkeypatch):
+    with start() as run:
+        signal.raise_signal(signal.SIGINT)
+        run.checkpoint_or_stop(10, 10, False, lambda: {"x": 1})
+    hint = capsys.readouterr().out.splitlines()[-1].split()
+    assert hint[:2] == ["python", SCRIPT] and os.path.isabs(hint[3]) and os.path.isfile(hint[3])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    args, checkpoint = resume(Args(resume=hint[3]), SCRIPT, FORMAT)
+    with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:  # goes on in the checkpoint's directory
+        assert resumed.checkpoint_or_stop(20, 10, True, lambda: {"x": 2}) is False
+    assert resumed.checkpoint_path == hint[3] and not (elsewhere / "runs").exists()
+
+
+def test_runs_started_in_the_same_second_get_directories_of_their_own():
+    with start() as first, start() as second:
+        assert first.dir != second.dir and os.path.isdir(first.dir) and os.path.isdir(second.dir)
+
+
+def test_a_state_with_nan_is_not_written_and_the_previous_checkpoint_stays():
+    with start() as run:
+        layer = nn.Linear(2, 2)
+        path = run.save(5, {"layer": layer, "tree": np.full(4, np.inf)})  # inf outside the weights is fine
+        with torch.no_grad():
+            layer.weight[0, 1] = float("nan")
+        with pytest.raises(SystemExit, match=f"non-finite values in the state at step 9.*last good checkpoint: {path}"):
+            run.save(9, {"layer": layer, "tree": np.full(4, np.inf)})
+    assert torch.load(path, weights_only=False)["global_step"] == 5
+
+
+def test_a_full_disk_says_so_names_the_last_good_checkpoint_and_leaves_no_partial_file(monkeypatch):
+    def full_disk(obj, file):
+        file.write(b"partial")
+        raise RuntimeError("[enforce fail at inline_container.cc] basic_ios::clear: iostream error")
+
+    with start() as run:
+        path = run.save(5, {"w": torch.ones(3)})
+        with monkeypatch.context() as patch:
+            patch.setattr(torch, "save", full_disk)
+            with pytest.raises(SystemExit, match=f"is the disk full.*last good checkpoint: {path}"):
+                run.save(9, {"w": torch.ones(3)})
+    assert not os.path.exists(path + ".tmp")
+    assert torch.load(path, weights_only=False)["global_step"] == 5
+
+
+def test_a_checkpoint_with_bytes_flipped_inside_a_tensor_is_refused():
+    with start() as run:
+        path = run.save(5, {"w": torch.full((64,), 1234.5)})
+    data = bytearray(open(path, "rb").read())
+    at = data.index(np.float32(1234.5).tobytes() * 4)  # inside the tensor's stored values
+    data[at + 1] ^= 0xFF
+    data[at + 6] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(SystemExit, match="checksum"):
+        resume(Args(resume=path), SCRIPT, FORMAT)
 
 
 @pytest.mark.parametrize(
@@ -188,6 +303,9 @@ def test_a_resumed_run_keeps_the_checkpoints_step_and_drops_what_the_killed_run_
             run.writer.add_scalar("x", step, step)
             if step == 5:
                 path = run.save(step, {})
+    # A resumed run is a later process: its event file sorts after the first one's (names hold the second and a
+    # per-process counter, which in this long-lived test process could sort the other way within one second).
+    time.sleep(1.1)
     args, checkpoint = resume(Args(resume=path), SCRIPT, FORMAT)
     with Run(args, checkpoint, SCRIPT, FORMAT) as run:
         for step in range(6, 9):
@@ -260,9 +378,21 @@ class CountingEnvs:
 
 def test_fast_forward_replays_the_logged_actions_and_detects_divergence():
     log = np.array([[1, 2], [3, 4]], dtype=np.uint8)
-    assert list(fast_forward(CountingEnvs(), log, np.array([4, 6]))) == [4, 6]
-    with pytest.raises(SystemExit, match="diverged"):
-        fast_forward(CountingEnvs(), log, np.array([4, 7]))
+    with start() as run:
+        assert list(run.fast_forward(CountingEnvs(), log, np.array([4, 6]))) == [4, 6]
+        with pytest.raises(SystemExit, match="diverged"):
+            run.fast_forward(CountingEnvs(), log, np.array([4, 7]))
+
+
+def test_a_signal_during_the_fast_forward_exits_at_once():
+    class SignalledEnvs(CountingEnvs):
+        def step(self, actions):
+            signal.raise_signal(signal.SIGTERM)
+            return super().step(actions)
+
+    with pytest.raises(SystemExit) as stop, start() as run:
+        run.fast_forward(SignalledEnvs(), np.ones((100, 2), dtype=np.uint8), np.zeros(2))
+    assert stop.value.code == 128 + signal.SIGTERM
 
 
 def test_episode_stats_counts_whole_episodes_without_the_reset_step():

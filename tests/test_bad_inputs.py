@@ -1,0 +1,72 @@
+"""Every bad flag is refused before anything is built: one line that starts with `error: --<the flag>=`, and no run
+directory. Nothing trains here: `plumbing.Run` is replaced by a stand-in that fails the test if a run would start."""
+
+import math
+
+import pytest
+
+from cleanrl import (
+    dqn_dueling_per,
+    iqn,
+    iqn_atari,
+    pqn,
+    pqn_atari_envpool,
+    pqn_atari_envpool_lstm,
+    r2d2,
+    r2d2_atari,
+    recurrent_iqn,
+    recurrent_iqn_atari,
+)
+from cleanrl_q_utils import plumbing
+
+SCRIPTS = [pqn, pqn_atari_envpool, pqn_atari_envpool_lstm, dqn_dueling_per, iqn, iqn_atari, r2d2, r2d2_atari]
+SCRIPTS += [recurrent_iqn, recurrent_iqn_atari]
+ATARI = {pqn_atari_envpool, pqn_atari_envpool_lstm, iqn_atari, r2d2_atari, recurrent_iqn_atari}
+COUNTS = (
+    "total_timesteps num_envs num_steps num_minibatches update_epochs batch_size buffer_size seq_len n_step "
+    "train_frequency target_network_frequency hidden_size lstm_size quantile_embedding_dim num_tau_samples "
+    "num_tau_prime_samples num_quantile_samples log_interval max_episode_steps frame_stack"
+).split()
+BAD = (
+    [(flag, value) for flag in ("learning_rate", "adam_eps", "kappa", "replay_ratio") for value in (0.0, -1e-3, math.nan)]
+    + [("learning_rate", math.inf), ("prioritized_replay_eps", 0.0), ("prioritized_replay_eps", -1.0)]
+    + [("max_grad_norm", 0.0), ("max_grad_norm", -10.0), ("max_grad_norm", math.nan)]
+    + [
+        (flag, value)
+        for flag in ("gamma", "q_lambda", "start_e", "end_e", "eval_epsilon", "priority_eta")
+        for value in (-0.1, 1.5, math.nan)
+    ]
+    + [("exploration_fraction", -0.1), ("exploration_fraction", 1.5), ("exploration_fraction", math.nan)]
+    + [(flag, -1.0) for flag in ("prioritized_replay_alpha", "prioritized_replay_beta", "epsilon_alpha")]
+    + [(flag, -1) for flag in ("learning_starts", "burn_in", "checkpoint_every", "eval_episodes")]
+    + [("seed", -1), ("seed", 2**32)]
+    + [(flag, 0) for flag in COUNTS]
+    + [("total_timesteps", 10**15), ("env_id", "NoSuchGame-v5"), ("env_id", "Pendulum-v1")]
+)
+
+
+def cases():
+    for module in SCRIPTS:
+        fields = vars(module.Args())
+        for flag, value in BAD:
+            if flag in fields:
+                yield pytest.param(module, flag, value, id=f"{module.__name__.split('.')[-1]}-{flag}={value}")
+        if module is dqn_dueling_per:  # it takes both kinds of environment
+            continue
+        other_family = "CartPole-v1" if module in ATARI else "Breakout-v5"
+        yield pytest.param(module, "env_id", other_family, id=f"{module.__name__.split('.')[-1]}-env_id={other_family}")
+
+
+@pytest.mark.parametrize("module, flag, value", list(cases()))
+def test_a_bad_flag_is_refused_in_one_line_before_anything_is_built(module, flag, value, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+
+    def would_start(*args, **kwargs):
+        raise AssertionError(f"--{flag}={value} was accepted: a run would start")
+
+    monkeypatch.setattr(plumbing, "Run", would_start)
+    with pytest.raises(SystemExit) as refusal:
+        module.main(module.Args(**{flag: value}))
+    message = str(refusal.value.code)
+    assert message.startswith(f"error: --{flag.replace('_', '-')}=") and "\n" not in message, message
+    assert not (tmp_path / "runs").exists()
