@@ -93,6 +93,8 @@ def test_noop_policy_finishes_whole_breakout_games(module, monkeypatch, tmp_path
 def test_video_evaluation_plays_the_same_games(module, monkeypatch, tmp_path):
     """--capture-video (ale-py) also serves after a lost life, so the recorded NOOP games end, are counted whole, and
     are written to videos/<run_name>/."""
+    for name in ("ale_py", "moviepy", "cv2"):
+        pytest.importorskip(name, reason="the video extra (pip install -e '.[video]')")
     monkeypatch.chdir(tmp_path)
     torch.save(noop_model(module).state_dict(), tmp_path / "model.pt")
     counters, make_video_env = [], module.plumbing.make_video_env

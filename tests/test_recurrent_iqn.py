@@ -346,9 +346,15 @@ def test_value_rescaling_trains_on_unclipped_rewards(monkeypatch, tmp_path):
     assert agent.last_reward.tolist() == [1.0]
 
 
+VIDEO_EXTRA = ("ale_py", "moviepy", "cv2")
+
+
 @pytest.mark.parametrize("capture_video", [False, True], ids=["envpool", "ale-py-video"])
 def test_noop_policy_finishes_an_evaluation_game_of_breakout(capture_video, monkeypatch, tmp_path):
     """Evaluation plays as training: every lost life is followed by FIRE and restarts the recurrent inputs."""
+    if capture_video:
+        for name in VIDEO_EXTRA:
+            pytest.importorskip(name, reason="the video extra (pip install -e '.[video]')")
     monkeypatch.chdir(tmp_path)
     module = recurrent_iqn_atari
     args = small_args(module, env_id="Breakout-v5", eval_episodes=1, max_episode_steps=2000, capture_video=capture_video)
