@@ -376,7 +376,7 @@ class Run:
         self.previous_wakeup = signal.set_wakeup_fd(wakeup_write)
 
     def _on_signal(self, signum, frame):
-        self.signum = signum
+        self.signum, arrived = signum, 1
         with contextlib.suppress(BlockingIOError):
             arrived = len(os.read(self.wakeup, 64))
         if self.stop_requested or self.replaying or arrived > 1:  # a second signal, or nothing new to save yet: exit at once
@@ -433,11 +433,13 @@ class Run:
     def save(self, global_step: int, state: dict) -> str:
         """Writes beside the previous checkpoint, syncs, then renames over it: a crash, a full disk or a second signal
         while writing leaves that one whole. A state holding NaN or inf is not written (the previous one stays good)."""
-        learned = [state_of(value) for value in state.values() if isinstance(value, (nn.Module, torch.optim.Optimizer))]
+        learned = [key for key, value in state.items() if isinstance(value, (nn.Module, torch.optim.Optimizer))]
         state = {key: state_of(value) for key, value in state.items()}
         header = dict(format=self.format, script=os.path.basename(self.script), args=vars(self.args), run_name=self.name)
         checkpoint = dict(header, wandb_id=self.wandb_id, global_step=global_step, rng=rng_states(), state=state)
-        if not all_finite(learned):  # weights and optimizer moments (buffers may hold inf by design, e.g. min-trees)
+        if not all_finite(
+            [state[key] for key in learned]
+        ):  # weights and optimizer moments (buffers may hold inf by design, e.g. min-trees)
             raise SystemExit(
                 f"error: non-finite values in the state at step {global_step}; no checkpoint written; "
                 f"last good checkpoint: {self.last_checkpoint or 'none written'}"
