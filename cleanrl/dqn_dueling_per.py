@@ -47,6 +47,10 @@ class Args:
     """if toggled, save the model to `runs/{run_name}` and evaluate it"""
     eval_episodes: int = 10
     """number of episodes of the evaluation after `--save-model`"""
+    eval_only: bool = False
+    """evaluate the model at --model-path instead of training (with --capture-video: record it)"""
+    model_path: Optional[str] = None
+    """a model file written by --save-model, for --eval-only"""
 
     env_id: str = "CartPole-v1"
     """the id of the envpool environment (classic control or Atari, e.g. `Breakout-v5`)"""
@@ -376,7 +380,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = 
     --capture-video plays them in turn on ale-py (FIRE after a lost life too) and records them to videos/<run_name>/."""
     spec = envpool.make_spec(args.env_id)
     model = DuelingQNetwork(spec.observation_space.shape, spec.action_space.n, args.hidden_size).to(device)
-    model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
+    model.load_state_dict(plumbing.load_weights(model_path, device))
     model.eval()
     seed, num_actions = args.seed + 1, spec.action_space.n
     if args.capture_video:  # envpool does not render: a gymnasium env with the training preprocessing
@@ -420,15 +424,18 @@ def train_step(args: Args, run: plumbing.Run, q_network, target_network, optimiz
 
 
 def main(args: Args) -> list[float]:
+    if args.eval_only:
+        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+    # A small MLP only pays synchronization for intra-op threads; one thread also frees results from the core count.
+    cpu_threads = None if args.env_id.endswith("-v5") else 1
+    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads) as run:
         plumbing.seed_everything(args.seed, args.torch_deterministic)
         envs = make_env(args.env_id, args.num_envs, args.seed)
         obs_shape, num_actions = envs.observation_space.shape, envs.action_space.n
         obs_dtype = buffer_obs_dtype(obs_shape)
-        # A small MLP only pays synchronization for intra-op threads; one thread also frees results from the core count.
-        device = plumbing.pick_device(args.cuda, cpu_threads=1 if len(obs_shape) == 1 else None)
+        device = run.device
         q_network = DuelingQNetwork(obs_shape, num_actions, args.hidden_size).to(device)
         target_network = DuelingQNetwork(obs_shape, num_actions, args.hidden_size).to(device)
         target_network.load_state_dict(q_network.state_dict())
@@ -470,8 +477,9 @@ def main(args: Args) -> list[float]:
             iteration, updates, last_target_update = saved["iteration"], saved["updates"], saved["last_target_update"]
             if saved["rb"] is None:  # an empty buffer: act for another learning_starts steps before sampling from it
                 learning_starts = iteration * args.num_envs + args.learning_starts
+                run.note_empty_replay(learning_starts)
             obs = run.fast_forward(envs, action_log[:iteration], obs)
-        progress = plumbing.Progress(args.total_timesteps, iteration * args.num_envs)
+        progress = run.progress(iteration * args.num_envs)
 
         for iteration in range(iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
@@ -506,11 +514,8 @@ def main(args: Args) -> list[float]:
 
         envs.close()
         if args.save_model and not run.stopped:
-            model_path = f"{run.dir}/{args.exp_name}.cleanrl_model"
-            torch.save(q_network.state_dict(), model_path)
-            print(f"model saved to {model_path}")
-            for episode, eval_score in enumerate(evaluate(model_path, args, device, run.name)):
-                run.writer.add_scalar("eval/episodic_return", eval_score, episode)
+            run.save_and_evaluate(q_network, evaluate, device)
+        run.finish(stats.scores)
         return stats.scores
 
 

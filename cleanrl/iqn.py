@@ -44,6 +44,10 @@ class Args:
     """whether to save the model to `runs/<run_name>/` and evaluate it after training"""
     eval_episodes: int = 10
     """the number of episodes of the evaluation after training (with `--save-model`)"""
+    eval_only: bool = False
+    """evaluate the model at --model-path instead of training (with --capture-video: record it)"""
+    model_path: Optional[str] = None
+    """a model file written by --save-model, for --eval-only"""
 
     env_id: str = "CartPole-v1"
     """the id of the envpool environment (classic control, vector observations)"""
@@ -310,7 +314,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = 
         envs = make_env(args.env_id, 1, seed)
     obs_dim, num_actions = int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.n
     model = QuantileNetwork(obs_dim, num_actions, args.quantile_embedding_dim, args.hidden_size).to(device)
-    model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
+    model.load_state_dict(plumbing.load_weights(model_path, device))
     obs, _ = envs.reset(seed=seed) if args.capture_video else envs.reset()
     scores, score = [], 0.0
     while len(scores) < args.eval_episodes:
@@ -328,11 +332,14 @@ CHECKPOINT_FORMAT = 2  # the layout of checkpoint.pt: a resume refuses files of 
 
 
 def main(args: Args) -> list[float]:
+    if args.eval_only:
+        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+    # cpu_threads=1: a network this small only pays synchronization for threads
+    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
         plumbing.seed_everything(args.seed, args.torch_deterministic)
-        device = plumbing.pick_device(args.cuda, cpu_threads=1)  # a network this small only pays synchronization for threads
+        device = run.device
         envs = make_env(args.env_id, args.num_envs, args.seed)
         num_actions, obs_shape = envs.single_action_space.n, envs.single_observation_space.shape
         network_sizes = (int(np.prod(obs_shape)), num_actions, args.quantile_embedding_dim, args.hidden_size)
@@ -372,8 +379,9 @@ def main(args: Args) -> list[float]:
             obs = run.fast_forward(envs, action_log[:iteration], obs)
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
                 learn_after = iteration * args.num_envs + args.learning_starts
+                run.note_empty_replay(learn_after)
         global_step = iteration * args.num_envs
-        progress = plumbing.Progress(args.total_timesteps, global_step)
+        progress = run.progress(global_step)
         while global_step < args.total_timesteps:
             global_step += args.num_envs
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
@@ -413,12 +421,8 @@ def main(args: Args) -> list[float]:
 
         envs.close()
         if args.save_model and not run.stopped:
-            model_path = f"{run.dir}/{args.exp_name}.cleanrl_model"
-            torch.save(q_network.state_dict(), model_path)
-            print(f"model saved to {model_path}")
-            eval_scores = evaluate(model_path, args, device, run.name)
-            for idx, score in enumerate(eval_scores):
-                run.writer.add_scalar("eval/episodic_return", score, idx)
+            run.save_and_evaluate(q_network, evaluate, device)
+        run.finish(stats.scores)
     return stats.scores
 
 

@@ -44,6 +44,10 @@ class Args:
     """if toggled, save the model to `runs/<run_name>/` and evaluate it"""
     eval_episodes: int = 10
     """the number of episodes `evaluate` plays with a saved model"""
+    eval_only: bool = False
+    """evaluate the model at --model-path instead of training (with --capture-video: record it)"""
+    model_path: Optional[str] = None
+    """a model file written by --save-model, for --eval-only"""
 
     env_id: str = "CartPole-v1"
     """the id of the envpool classic-control environment"""
@@ -209,7 +213,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = 
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)
     model = QNetwork(int(np.prod(envs.single_observation_space.shape)), num_actions).to(device)
-    model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
+    model.load_state_dict(plumbing.load_weights(model_path, device))
     model.eval()
     scores, episode_returns = [], np.zeros(num_envs)
     while quota.sum() > 0:
@@ -232,15 +236,17 @@ CHECKPOINT_FORMAT = 3  # 3: the state `main` lists in `checkpoint_state`
 
 
 def main(args: Args) -> list[float]:
+    if args.eval_only:
+        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     epsilon_duration = args.exploration_fraction * args.total_timesteps
-    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+    # cpu_threads=1: a network this small gains nothing from intra-op threads; they only add synchronization per call.
+    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
         plumbing.seed_everything(args.seed, args.torch_deterministic)
-        # A network this small gains nothing from intra-op threads; they only add synchronization per call.
-        device = plumbing.pick_device(args.cuda, cpu_threads=1)
+        device = run.device
 
         def to_device(array: np.ndarray) -> torch.Tensor:
             return torch.as_tensor(array, device=device)
@@ -281,7 +287,7 @@ def main(args: Args) -> list[float]:
             start_iteration = run.restore(checkpoint_state())["iteration"]
             next_obs = run.fast_forward(envs, action_log[: start_iteration * args.num_steps], next_obs, actions.dtype)
         global_step = start_iteration * batch_size
-        progress = plumbing.Progress(args.total_timesteps, global_step)
+        progress = run.progress(global_step)
         for iteration in range(start_iteration, num_iterations):
             if args.anneal_lr:
                 optimizer.lr = (1.0 - iteration / num_iterations) * args.learning_rate
@@ -331,12 +337,8 @@ def main(args: Args) -> list[float]:
                 break
 
         if args.save_model and not run.stopped:
-            model_path = f"{run.dir}/{args.exp_name}.cleanrl_model"
-            torch.save(q_network.state_dict(), model_path)
-            print(f"model saved to {model_path}")
-            scores = evaluate(model_path, args, device, run.name)
-            for idx, score in enumerate(scores):
-                run.writer.add_scalar("eval/episodic_return", score, idx)
+            run.save_and_evaluate(q_network, evaluate, device)
+        run.finish(stats.scores)
         envs.close()
     return stats.scores
 

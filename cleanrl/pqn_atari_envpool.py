@@ -45,6 +45,10 @@ class Args:
     """if toggled, save the model to `runs/<run_name>/` and evaluate it"""
     eval_episodes: int = 10
     """the number of episodes `evaluate` plays with a saved model"""
+    eval_only: bool = False
+    """evaluate the model at --model-path instead of training (with --capture-video: record it)"""
+    model_path: Optional[str] = None
+    """a model file written by --save-model, for --eval-only"""
 
     env_id: str = "Breakout-v5"
     """the id of the envpool Atari environment"""
@@ -223,7 +227,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = 
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)
     model = QNetwork(num_actions).to(device)
-    model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
+    model.load_state_dict(plumbing.load_weights(model_path, device))
     model.eval()
     stats, is_reset_step = plumbing.EpisodeStats(num_envs), np.zeros(num_envs, dtype=bool)
     while quota.sum() > 0:
@@ -247,6 +251,8 @@ CHECKPOINT_FORMAT = 2  # 2: the state `main` lists in `checkpoint_state`
 
 
 def main(args: Args) -> list[float]:
+    if args.eval_only:
+        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
     batch_size = args.num_envs * args.num_steps
@@ -254,7 +260,7 @@ def main(args: Args) -> list[float]:
     epsilon_duration = args.exploration_fraction * args.total_timesteps
     with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
         plumbing.seed_everything(args.seed, args.torch_deterministic)
-        device = plumbing.pick_device(args.cuda)
+        device = run.device
 
         def to_device(array: np.ndarray) -> torch.Tensor:
             return torch.as_tensor(array, device=device)
@@ -295,7 +301,7 @@ def main(args: Args) -> list[float]:
             start_iteration = run.restore(checkpoint_state())["iteration"]
             next_obs = run.fast_forward(envs, action_log[: start_iteration * args.num_steps], next_obs, actions.dtype)
         global_step = start_iteration * batch_size
-        progress = plumbing.Progress(args.total_timesteps, global_step)
+        progress = run.progress(global_step)
         for iteration in range(start_iteration, num_iterations):
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = (1.0 - iteration / num_iterations) * args.learning_rate
@@ -341,17 +347,13 @@ def main(args: Args) -> list[float]:
                 run.writer.add_scalar("charts/epsilon", float(step_epsilons[-1]), global_step)
                 run.writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
                 run.writer.add_scalar("charts/SPS", progress.sps(global_step), global_step)
-                progress.print(global_step, stats.recent, force=is_last)
+            progress.print(global_step, stats.recent, force=is_last)  # every 10 s: an iteration can take 30 s on a CPU
             if run.checkpoint_or_stop(global_step, batch_size, is_last, lambda: checkpoint_state(iteration + 1)):
                 break
 
         if args.save_model and not run.stopped:
-            model_path = f"{run.dir}/{args.exp_name}.cleanrl_model"
-            torch.save(q_network.state_dict(), model_path)
-            print(f"model saved to {model_path}")
-            scores = evaluate(model_path, args, device, run.name)
-            for idx, score in enumerate(scores):
-                run.writer.add_scalar("eval/episodic_return", score, idx)
+            run.save_and_evaluate(q_network, evaluate, device)
+        run.finish(stats.scores)
         envs.close()
     return stats.scores
 

@@ -46,6 +46,10 @@ class Args:
     """whether to save the model to `runs/{run_name}` and evaluate it"""
     eval_episodes: int = 10
     """the number of evaluation episodes after saving the model"""
+    eval_only: bool = False
+    """evaluate the model at --model-path instead of training (with --capture-video: record it)"""
+    model_path: str | None = None
+    """a model file written by --save-model, for --eval-only"""
 
     env_id: str = "Breakout-v5"
     """the envpool id of the environment"""
@@ -463,7 +467,7 @@ def evaluate(model_path: str, args: Args, device, run_name: str) -> list[float]:
     envs = make_env(args.env_id, args.eval_episodes, args.seed + 100)
     obs, _ = envs.reset()
     model = QNetwork(args.frame_stack, int(envs.action_space.n), args.lstm_size).to(device)
-    model.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
+    model.load_state_dict(plumbing.load_weights(model_path, device))
     scores = play(model, envs, obs, args.frame_stack, device, args.eval_epsilon)
     if args.capture_video:
         video_env = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name, frame_stack=1)])
@@ -478,12 +482,14 @@ def to_step_inputs(obs, last_action, last_reward, is_first, device):
 
 
 def main(args: Args) -> list[float]:
+    if args.eval_only:
+        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)  # a resumed run goes on with the checkpoint's flags
     validate_args(args)
     with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
         plumbing.seed_everything(args.seed, args.torch_deterministic)
         rng = np.random.default_rng(args.seed)
-        device = plumbing.pick_device(args.cuda)
+        device = run.device
 
         envs = make_env(args.env_id, args.num_envs, args.seed)
         num_envs, num_actions = args.num_envs, int(envs.action_space.n)
@@ -522,7 +528,8 @@ def main(args: Args) -> list[float]:
             obs = run.fast_forward(envs, action_log[: global_step // num_envs], obs)
             if not rb.save_arrays:  # the replay starts empty: collect again before learning
                 learn_from = checkpoint["global_step"] + args.learning_starts
-        progress = plumbing.Progress(args.total_timesteps, global_step)
+                run.note_empty_replay(learn_from)
+        progress = run.progress(global_step)
         for iteration in range(global_step // num_envs, num_iterations):
             global_step = (iteration + 1) * num_envs
             keep = torch.as_tensor(~is_first, device=device).float().unsqueeze(-1)
@@ -576,11 +583,8 @@ def main(args: Args) -> list[float]:
                 break
 
         if args.save_model and not run.stopped:
-            model_path = f"{run.dir}/{args.exp_name}.cleanrl_model"
-            torch.save(q_network.state_dict(), model_path)
-            print(f"model saved to {model_path}")
-            for i, score in enumerate(evaluate(model_path, args, device, run.name)):
-                run.writer.add_scalar("eval/episodic_return", score, i)
+            run.save_and_evaluate(q_network, evaluate, device)
+        run.finish(stats.scores)
         envs.close()
     return stats.scores
 

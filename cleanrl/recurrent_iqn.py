@@ -51,6 +51,10 @@ class Args:
     """whether to save the final model to `runs/{run_name}` and evaluate it"""
     eval_episodes: int = 10
     """the number of episodes the saved model is evaluated on"""
+    eval_only: bool = False
+    """evaluate the model at --model-path instead of training (with --capture-video: record it)"""
+    model_path: Optional[str] = None
+    """a model file written by --save-model, for --eval-only"""
 
     env_id: str = "CartPole-v1"
     """the id of the envpool classic control environment"""
@@ -525,7 +529,7 @@ def evaluate(model_path, args, device, run_name="eval"):
         envs = make_env(args.env_id, num_envs, args.seed + 1000, args.mask_velocity, args.max_episode_steps)
         action_space = envs.action_space
     q_network = QNetwork(envs.observation_space.shape[-1], int(action_space.n), args).to(device)
-    q_network.load_state_dict(torch.load(model_path, map_location=device, weights_only=True))
+    q_network.load_state_dict(plumbing.load_weights(model_path, device))
     q_network.eval()
     agent = Agent(q_network, num_envs, args, device)
     quota = np.array([eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)])
@@ -548,11 +552,14 @@ def evaluate(model_path, args, device, run_name="eval"):
 
 
 def main(args: Args) -> list[float]:
+    if args.eval_only:
+        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+    # cpu_threads=1: a network this small only pays synchronization for threads
+    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
         plumbing.seed_everything(args.seed, args.torch_deterministic)
-        device = plumbing.pick_device(args.cuda, cpu_threads=1)  # a network this small only pays synchronization for threads
+        device = run.device
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
 
         envs = make_env(args.env_id, args.num_envs, args.seed, args.mask_velocity, args.max_episode_steps)
@@ -585,7 +592,9 @@ def main(args: Args) -> list[float]:
             saved = run.restore(checkpoint_state())
             start_iteration, updates = saved["iteration"], saved["updates"]
             obs = run.fast_forward(envs, action_log[:start_iteration], obs)
-        progress = plumbing.Progress(args.total_timesteps, start_iteration * args.num_envs)
+            if not args.checkpoint_replay:  # the replay starts empty (rb.pos 0)
+                run.note_empty_replay(start_iteration * args.num_envs + args.learning_starts)
+        progress = run.progress(start_iteration * args.num_envs)
         for iteration in range(start_iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
             base_epsilon = base_epsilon_schedule(
@@ -631,13 +640,8 @@ def main(args: Args) -> list[float]:
         envs.close()
 
         if args.save_model and not run.stopped:
-            model_path = f"{run.dir}/{args.exp_name}.cleanrl_model"
-            torch.save(q_network.state_dict(), model_path)
-            print(f"model saved to {model_path}")
-            scores = evaluate(model_path, args, device, run_name=f"{run.name}-eval")
-            for idx, score in enumerate(scores):
-                run.writer.add_scalar("eval/episodic_return", score, idx)
-            print(f"evaluation over {len(scores)} games: mean score {np.mean(scores):.2f}")
+            run.save_and_evaluate(q_network, evaluate, device)
+        run.finish(stats.scores)
     return stats.scores
 
 

@@ -5,27 +5,37 @@ algorithm needs to see: flag errors, seeding and device, the run directory with 
 line, true episode scores, checkpoints with signal handling and the NaN stop, and the video environment. What a run
 saves, and how its loop works, stays in the script. The life of a run, as a script's `main` writes it:
 
+    if args.eval_only:  # --eval-only --model-path: rebuild a saved agent and evaluate it, no training
+        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)  # --resume: the checkpoint and its flags
     validate_args(args)  # the script's own checks, before anything is built
-    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:  # run dir, logs, signal handlers
-        ...build envs, networks, buffers...
+    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:  # start-up block, logs, device, signals
+        ...build envs, networks, buffers on run.device...
         def checkpoint_state(): return {...}  # everything a resumed run needs, listed once
         saved = run.restore(checkpoint_state()) if checkpoint else None
+        progress = run.progress(global_step)
         for ...:
             ...
+            progress.print(global_step, stats.recent)
             if run.checkpoint_or_stop(global_step, steps_this_iteration, is_last, checkpoint_state):
                 break
+        if args.save_model and not run.stopped:
+            run.save_and_evaluate(q_network, evaluate, run.device)
+        run.finish(stats.scores)  # the summary line
 """
 
 import contextlib
 import hashlib
+import importlib.util
 import math
 import os
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections import deque
 from dataclasses import fields, replace
 from typing import Callable, NoReturn, Optional
@@ -66,6 +76,18 @@ FLAG_RANGES = {
     ),
     "seed": (lambda v: 0 <= v < 2**32, "in [0, 2^32)"),
 }
+# envpool builds gymnasium Box spaces from float64 bounds; gymnasium then warns on every classic-control run that it
+# casts them to the float32 dtype the observations have, which is what we want.
+warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+# The flags an --eval-only run takes from the command line; every other flag comes from the saved model file.
+EVALUATION_FLAGS = ("eval_only", "model_path", "eval_episodes", "eval_epsilon", "capture_video", "seed", "cuda")
+# Flags added after the first checkpoints were written: a checkpoint without them resumes with their defaults.
+LATER_FLAGS = {"eval_only", "model_path"}
+# What --capture-video imports, by kind of environment (module, pip package).
+VIDEO_MODULES = {
+    "atari": [("moviepy", "moviepy"), ("ale_py", "ale-py"), ("cv2", "opencv-python")],
+    "classic": [("moviepy", "moviepy"), ("pygame", "pygame")],
+}
 COUNT_FLAGS = (  # numbers of things: at least 1
     "total_timesteps num_envs num_steps num_minibatches update_epochs batch_size buffer_size seq_len n_step "
     "train_frequency target_network_frequency hidden_size lstm_size quantile_embedding_dim num_tau_samples "
@@ -97,6 +119,32 @@ def check_common_flags(args) -> None:
         flag_error("total_timesteps", args.total_timesteps, f"must exceed --learning-starts={args.learning_starts}")
     # Every action of the run is logged (a byte per environment step) so that a resume can replay it.
     check_memory(args.total_timesteps, "the action log", f"--total-timesteps={args.total_timesteps}")
+    check_evaluation_flags(args)
+
+
+def check_evaluation_flags(args) -> None:
+    """--eval-only needs a model file; --capture-video needs its optional packages, checked now rather than after
+    hours of training, and something to record (only evaluation episodes are recorded)."""
+    if args.eval_only and args.model_path is None:
+        flag_error("eval_only", True, "needs --model-path PATH (a model written by --save-model)")
+    if args.model_path is not None and not args.eval_only:
+        flag_error("model_path", args.model_path, "is only read with --eval-only")
+    if args.eval_only and args.resume is not None:
+        flag_error("resume", args.resume, "cannot be combined with --eval-only")
+    if args.model_path is not None and not os.path.isfile(args.model_path):
+        flag_error("model_path", args.model_path, "no such file")
+    if args.capture_video:
+        check_video_modules(args.env_id)
+        if not (args.save_model or args.eval_only):
+            print("warning: --capture-video records the evaluation episodes, which only --save-model or --eval-only play")
+
+
+def check_video_modules(env_id: str) -> None:
+    """One line naming every missing package of --capture-video and the install command."""
+    needed = VIDEO_MODULES["atari" if env_id.endswith("-v5") else "classic"]
+    missing = [package for module, package in needed if importlib.util.find_spec(module) is None]
+    if missing:
+        raise SystemExit(f'error: --capture-video needs {", ".join(missing)}, not installed: pip install -e ".[video]"')
 
 
 def check_env_id(env_id: str, atari: Optional[bool] = None):
@@ -151,6 +199,39 @@ def pick_device(cuda: bool, cpu_threads: Optional[int] = None) -> torch.device:
     return device
 
 
+def describe_device(device: torch.device, cuda: bool) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    why = "no CUDA device found" if cuda else "--no-cuda"
+    return f"cpu, {torch.get_num_threads()} thread{'s' if torch.get_num_threads() > 1 else ''} ({why})"
+
+
+def software_versions(script: str) -> dict:
+    """The versions a result depends on, logged with the hyperparameters: torch, envpool, gymnasium, and the git commit
+    of the scripts (with "+changes" when the working tree differs from it)."""
+    import envpool
+
+    def git(*command):
+        try:
+            done = subprocess.run(["git", *command], cwd=os.path.dirname(script), capture_output=True, text=True, timeout=5)
+            return done.stdout.strip() if done.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if commit and git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+changes"
+    return dict(torch=torch.__version__, envpool=envpool.__version__, gymnasium=gym.__version__, git=commit or "unknown")
+
+
+def format_duration(seconds: float) -> str:
+    """`3 days 08:35:58`, or `08:35:58` under a day."""
+    seconds = int(max(seconds, 0))
+    days, rest = divmod(seconds, 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days} day{'s' if days > 1 else ''} {clock}" if days else clock
+
+
 class EpisodeStats:
     """True game scores of vectorized envs: rewards summed over whole episodes (unclipped, time-outs included).
     envpool's reset step (the step after an episode end, which only resets) counts toward no episode."""
@@ -185,10 +266,11 @@ class EpisodeStats:
 
 
 class Progress:
-    """The console line of a long run, at most every `interval` seconds: steps, SPS, recent return, time left."""
+    """The console line of a long run, at most every `interval` seconds: steps, percent done, SPS, recent return and
+    time left. `slow_hint`, when given, is printed once with the first line if the run would take over a day."""
 
-    def __init__(self, total_timesteps: int, start_step: int, interval: float = 10.0):
-        self.total, self.start_step, self.interval = total_timesteps, start_step, interval
+    def __init__(self, total_timesteps: int, start_step: int, interval: float = 10.0, slow_hint: Optional[str] = None):
+        self.total, self.start_step, self.interval, self.slow_hint = total_timesteps, start_step, interval, slow_hint
         self.start_time = self.last_print = time.time()
 
     def sps(self, global_step: int) -> int:
@@ -199,8 +281,14 @@ class Progress:
             return
         self.last_print = time.time()
         sps, mean = self.sps(global_step), np.mean(recent_scores) if len(recent_scores) else float("nan")
-        eta = time.strftime("%H:%M:%S", time.gmtime((self.total - global_step) / max(sps, 1)))
-        print(f"step {global_step:>9}/{self.total} | SPS {sps:>6} | return(100) {mean:8.2f} | ETA {eta}")
+        left = (self.total - global_step) / max(sps, 1)
+        print(
+            f"step {global_step:>9}/{self.total} ({100 * global_step / self.total:5.1f}%) | SPS {sps:>6} | "
+            f"return(100) {mean:8.2f} | ETA {format_duration(left)}"
+        )
+        if self.slow_hint and left > 86400:
+            print(f"warning: at {sps} SPS this run takes {format_duration(left)} more; {self.slow_hint}")
+        self.slow_hint = None
 
 
 def resume(given, script: str, checkpoint_format: int):
@@ -219,13 +307,14 @@ def resume(given, script: str, checkpoint_format: int):
             raise ValueError(f"an older format, expected format {checkpoint_format}")
         if checkpoint["script"] != script:
             raise ValueError(f"written by {checkpoint['script']}, not {script}")
-        if checkpoint["format"] != checkpoint_format or set(checkpoint["args"]) != names:
+        if checkpoint["format"] != checkpoint_format or set(checkpoint["args"]) - LATER_FLAGS != names - LATER_FLAGS:
             raise ValueError(f"format {checkpoint['format']}, expected {checkpoint_format}")
         if content_digest({k: v for k, v in checkpoint.items() if k != "digest"}) != checkpoint["digest"]:
             raise ValueError("its contents do not match their checksum (a damaged file)")
     except Exception as error:
         flag_error("resume", given.resume, f"not a readable checkpoint ({type(error).__name__}: {error})")
-    saved, defaults, changes = checkpoint["args"], type(given)(), {"resume": given.resume}
+    saved = {**{name: getattr(type(given)(), name) for name in LATER_FLAGS & names}, **checkpoint["args"]}
+    defaults, changes = type(given)(), {"resume": given.resume}
     for name in sorted(names - {"resume"}):
         value = getattr(given, name)
         if value == saved[name] or value == getattr(defaults, name):
@@ -343,28 +432,34 @@ class Run:
     handlers, and its checkpoints. Use it as a context manager: leaving the block, however, restores the previous
     signal handlers and closes the logs (tests call `main` in-process, so handlers must not leak)."""
 
-    def __init__(self, args, checkpoint: Optional[dict], script: str, checkpoint_format: int):
+    def __init__(self, args, checkpoint: Optional[dict], script: str, checkpoint_format: int, cpu_threads=None):
         global stop_signal
         stop_signal = None
         self.args, self.checkpoint, self.format = args, checkpoint, checkpoint_format
         self.script = os.path.abspath(script)
+        self.start_time, self.eval_scores = time.time(), None
+        self.global_step = checkpoint["global_step"] if checkpoint else 0  # the last step checkpoint_or_stop saw
+        self.device = pick_device(args.cuda, cpu_threads)
         self.name = checkpoint["run_name"] if checkpoint else new_run_name(args)
         # A resumed run goes on in its checkpoint's directory, from wherever it is started.
         self.dir = os.path.dirname(os.path.abspath(args.resume)) if checkpoint else f"runs/{self.name}"
         self.last_checkpoint = args.resume
         self.checkpoint_path = f"{self.dir}/checkpoint.pt"
         self.wandb_id = checkpoint["wandb_id"] if checkpoint else None
+        setting = {"device": describe_device(self.device, args.cuda), **software_versions(self.script)}
+        self.print_start(setting)
         if args.track:
             import wandb
 
             run = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=self.name, id=self.wandb_id)
-            wandb.init(**run, sync_tensorboard=True, config=vars(args), save_code=True, resume="allow")
+            config = {**vars(args), **setting}
+            wandb.init(**run, sync_tensorboard=True, config=config, save_code=True, resume="allow")
             self.wandb_id = wandb.run.id
         # Everything up to the checkpoint's step was logged before it was written; what the interrupted run logged
         # after it is dropped, so that the resumed run does not log those steps twice.
         self.writer = SummaryWriter(self.dir, purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
         if checkpoint is None:
-            rows = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+            rows = "\n".join(f"|{key}|{value}|" for key, value in {**vars(args), **setting}.items())
             self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
         self.stop_requested = self.stopped = self.replaying = False
         self.previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -374,6 +469,61 @@ class Run:
         os.set_blocking(self.wakeup, False)
         os.set_blocking(wakeup_write, False)
         self.previous_wakeup = signal.set_wakeup_fd(wakeup_write)
+
+    def print_start(self, setting: dict) -> None:
+        """The start-up block, printed before anything slow: what runs, where it logs, on what."""
+        args, script = self.args, os.path.basename(self.script)
+        if self.checkpoint:
+            print(f"{script}: resuming {args.env_id}, seed {args.seed}, at step {self.checkpoint['global_step']}")
+        else:
+            print(f"{script}: {args.env_id}, seed {args.seed}, {args.total_timesteps} agent steps")
+        print(f"  run directory: {self.dir}  (watch it: tensorboard --logdir {os.path.dirname(self.dir) or '.'})")
+        versions = ", ".join(f"{name} {setting[name]}" for name in ("torch", "envpool", "gymnasium"))
+        print(f"  device: {setting['device']} | {versions} | git {setting['git']}")
+        if self.device.type == "cpu" and args.env_id.endswith("-v5"):
+            print(
+                f"warning: Atari on a CPU is slow (the first progress line, in 10 s, gives the time left); {self.slow_hint()}"
+            )
+
+    def slow_hint(self) -> str:
+        """Where to go instead of a days-long Atari run on a CPU: the classic-control twin of the script."""
+        name = os.path.basename(self.script)
+        twin = name.replace("_atari_envpool_lstm", "").replace("_atari_envpool", "").replace("_atari", "")
+        instead = f"cleanrl/{twin}" if twin != name else f"{name} --env-id CartPole-v1"
+        return f"for a first run on a CPU, try `python {instead}` or a smaller --total-timesteps"
+
+    def progress(self, start_step: int) -> Progress:
+        """The progress line of this run; Atari on a CPU warns with the first line if the run would take over a day."""
+        slow = self.device.type == "cpu" and self.args.env_id.endswith("-v5")
+        return Progress(self.args.total_timesteps, start_step, slow_hint=self.slow_hint() if slow else None)
+
+    def note_empty_replay(self, learning_resumes_at: int) -> None:
+        """Says, on a resume without --checkpoint-replay, that the replay restarts empty and when learning resumes."""
+        print(
+            f"resume: the replay was not saved (--checkpoint-replay was off): it refills from empty, and learning "
+            f"resumes at step {learning_resumes_at}"
+        )
+
+    def save_and_evaluate(self, network: nn.Module, evaluate: Callable, device: torch.device) -> list[float]:
+        """--save-model at the end of training: writes the model file, then plays the evaluation episodes with it
+        (recorded with --capture-video), logs their scores and prints their mean."""
+        path = f"{self.dir}/{self.args.exp_name}.cleanrl_model"
+        save_model(path, self.script, self.args, network)
+        print(f"model saved to {path}")
+        self.eval_scores = evaluate(path, self.args, device, self.name)  # videos, if recorded: videos/<run name>
+        for episode, score in enumerate(self.eval_scores):
+            self.writer.add_scalar("eval/episodic_return", score, episode)
+        print(evaluation_line(path, self.eval_scores))
+        return self.eval_scores
+
+    def finish(self, scores: list[float]) -> None:
+        """The last line of a run: how far it got, how long it took, its recent training return and evaluation."""
+        done, global_step = "stopped at" if self.stopped else "finished", self.global_step
+        recent = f"return(100) {np.mean(scores[-100:]):.2f} ({len(scores)} episodes)" if scores else "no episode ended"
+        line = f"{done} step {global_step}/{self.args.total_timesteps} in {format_duration(time.time() - self.start_time)}"
+        if self.eval_scores:
+            recent += f" | evaluation {np.mean(self.eval_scores):.2f} over {len(self.eval_scores)} episodes"
+        print(f"{line} | {recent} | {self.dir}")
 
     def _on_signal(self, signum, frame):
         self.signum, arrived = signum, 1
@@ -409,7 +559,8 @@ class Run:
         """Brings just reset envs back to the checkpoint's state: envpool cannot save its state, but it is deterministic
         given its seed and the actions. Steps through every logged action and returns the last observation; a signal
         meanwhile exits at once (the checkpoint is still the newest state)."""
-        print(f"resume: replaying {len(action_log)} logged environment steps")
+        envs_count = action_log.shape[1] if action_log.ndim > 1 else 1
+        print(f"resume: replaying {action_log.size} logged agent steps ({len(action_log)} steps of {envs_count} envs)")
         obs, self.replaying = None, True
         for actions in action_log:
             obs = envs.step(actions.astype(action_dtype))[0]
@@ -482,6 +633,7 @@ class Run:
         when global_step crossed a multiple of --checkpoint-every, at the last iteration (if checkpointing), or when
         a signal asked to stop; returns True when the loop must stop."""
         every, stopping = self.args.checkpoint_every, self.stop_requested  # read once: a later signal waits a step
+        self.global_step = global_step
         crossed = every > 0 and global_step // every > (global_step - steps) // every
         if crossed or stopping or (every > 0 and last):
             self.save(global_step, state())
@@ -506,18 +658,77 @@ class Run:
             ) from None
 
 
+MODEL_FILE = "cleanrl-q model"  # marks a model file written by `save_model`
+
+
+def save_model(path: str, script: str, args, network: nn.Module) -> None:
+    """A model file holds the weights and every flag of the run, which rebuild the network (sizes, env) later."""
+    torch.save(
+        {"kind": MODEL_FILE, "script": os.path.basename(script), "args": vars(args), "model": network.state_dict()}, path
+    )
+
+
+def read_model_file(path: str, device="cpu") -> dict:
+    """The contents of a model file; a file of bare weights (written before flags were saved) reads as {"model": ...}."""
+    try:
+        saved = torch.load(path, map_location=device, weights_only=True)
+    except Exception as error:
+        flag_error("model_path", path, f"not a readable model file ({type(error).__name__}: {error})")
+    return saved if isinstance(saved, dict) and saved.get("kind") == MODEL_FILE else {"model": saved}
+
+
+def load_weights(path: str, device) -> dict:
+    """The network weights of a model file, for `load_state_dict`."""
+    return read_model_file(path, device)["model"]
+
+
+def evaluation_line(path: str, scores: list[float]) -> str:
+    if not scores:
+        return f"evaluation of {path}: no episodes played (--eval-episodes 0)"
+    return (
+        f"evaluation of {path} over {len(scores)} episodes: mean {np.mean(scores):.2f} ± {np.std(scores):.2f} "
+        f"(min {np.min(scores):.2f}, max {np.max(scores):.2f})"
+    )
+
+
+def evaluate_only(given, script: str, validate: Callable, evaluate: Callable) -> list[float]:
+    """--eval-only --model-path PATH: rebuilds the saved agent with the flags saved beside its weights and plays
+    `--eval-episodes` evaluation episodes (recorded with --capture-video); prints and returns their scores. Only
+    EVALUATION_FLAGS come from the command line; other flags given that differ from the saved ones are named."""
+    check_evaluation_flags(given)
+    saved, name = read_model_file(given.model_path), os.path.basename(script)
+    if "args" not in saved:
+        print(f"note: {given.model_path} holds weights only: the network is built from the command-line flags")
+        args = given
+    elif saved["script"] != name:
+        flag_error("model_path", given.model_path, f"written by {saved['script']}, not {name}")
+    else:
+        names, defaults = {field.name for field in fields(given)}, type(given)()
+        kept = {key: value for key, value in saved["args"].items() if key in names and key not in EVALUATION_FLAGS}
+        for key, value in kept.items():
+            if getattr(given, key) not in (value, getattr(defaults, key)):
+                print(f"eval-only: ignoring --{key.replace('_', '-')}={getattr(given, key)}; the model's value is {value}")
+        args = replace(given, **kept)
+    validate(args)
+    device = pick_device(args.cuda)
+    print(f"{name}: evaluating {args.model_path} on {args.env_id}, device {describe_device(device, args.cuda)}")
+    run_name = f"{os.path.basename(os.path.dirname(os.path.abspath(args.model_path)))}-eval-{int(time.time())}"
+    scores = evaluate(args.model_path, args, device, run_name)
+    print(evaluation_line(args.model_path, scores))
+    if args.capture_video:
+        print(f"videos in videos/{run_name}")
+    return scores
+
+
 def make_video_env(env_id: str, run_name: str, frame_stack: int = 4, max_episode_steps: Optional[int] = None):
     """A recording gymnasium env for --capture-video (envpool does not render): for Atari ids, ale-py's env with the
     training preprocessing (NOOP starts, 4-frame skip, 84x84 grayscale, `frame_stack` frames); else gymnasium's own."""
-    try:
-        import moviepy  # noqa: F401  (RecordVideo writes through it)
+    check_video_modules(env_id)
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # frames are drawn off-screen: no display needed (or complained of)
+    if env_id.endswith("-v5"):
+        import ale_py
 
-        if env_id.endswith("-v5"):
-            import ale_py
-
-            gym.register_envs(ale_py)
-    except ImportError as error:
-        raise SystemExit(f"error: --capture-video: needs the video extra (pip install -e '.[video]'): {error}") from None
+        gym.register_envs(ale_py)
     if not env_id.endswith("-v5"):
         return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"videos/{run_name}", lambda _: True)
     frames = {} if max_episode_steps is None else {"max_num_frames_per_episode": 4 * max_episode_steps}

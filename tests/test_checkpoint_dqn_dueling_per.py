@@ -100,7 +100,7 @@ def test_resume_without_replay_refills_the_buffer_and_finishes(tmp_path, monkeyp
     # Resumed at step 400 with an empty buffer: one update per iteration only after step 400 + 200.
     assert len(updates) == (2000 - 600) // 4
     out = capsys.readouterr().out
-    assert "replaying 100 logged environment steps" in out
+    assert "replaying 400 logged agent steps (100 steps of 4 envs)" in out
     assert "ignoring --gamma=0.5" in out
     final = load(path)
     assert final["global_step"] == 2000 and final["args"]["gamma"] == 0.99  # the checkpoint's, not 0.5

@@ -118,7 +118,7 @@ def test_resume_without_replay_collects_before_learning(tmp_path, monkeypatch, c
     updates_at_stop = load(only_checkpoint())["state"]["updates"]
     scores = r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, cuda=False, buffer_size=123))
     out = capsys.readouterr().out
-    assert "replaying 150 logged environment steps" in out
+    assert "replaying 600 logged agent steps (150 steps of 4 envs)" in out
     assert "--buffer-size=123" in out  # a flag the resumed run ignores, and says so
     final = load(only_checkpoint())
     assert final["global_step"] == 2000 and final["state"]["learn_from"] == 600 + 300

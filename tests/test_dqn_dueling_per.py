@@ -321,7 +321,7 @@ def test_smoke_run(tmp_path, monkeypatch):
     runs = glob.glob("runs/CartPole-v1__dqn_dueling_per__1__*")
     assert len(runs) == 1
     assert glob.glob(f"{runs[0]}/events.out.tfevents.*")
-    state = torch.load(f"{runs[0]}/dqn_dueling_per.cleanrl_model", weights_only=True)
+    state = torch.load(f"{runs[0]}/dqn_dueling_per.cleanrl_model", weights_only=True)["model"]
     assert all(torch.isfinite(t).all() for t in state.values())
 
 

@@ -307,7 +307,7 @@ def test_smoke_iqn(tmp_path, monkeypatch):
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())
     assert (run_dir / "iqn.cleanrl_model").exists()
-    state = torch.load(run_dir / "iqn.cleanrl_model", weights_only=True)
+    state = torch.load(run_dir / "iqn.cleanrl_model", weights_only=True)["model"]
     assert all(torch.isfinite(v).all() for v in state.values())
 
 
@@ -319,7 +319,7 @@ def test_smoke_iqn_atari(tmp_path, monkeypatch):
     scores = iqn_atari.main(args)
     assert isinstance(scores, list)
     (run_dir,) = (tmp_path / "runs").iterdir()
-    state = torch.load(run_dir / "iqn_atari.cleanrl_model", weights_only=True)
+    state = torch.load(run_dir / "iqn_atari.cleanrl_model", weights_only=True)["model"]
     assert all(torch.isfinite(v).all() for v in state.values())
 
 

@@ -1,0 +1,224 @@
+"""What a run tells its user (cleanrl_q_utils/plumbing.py): the start-up block, the progress line, the closing summary,
+resume messages, the --capture-video checks, and evaluating a saved model later with --eval-only."""
+
+import glob
+import importlib
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from cleanrl_q_utils import plumbing
+
+# Per script, a run of a few hundred steps with a network size other than the default, so that --eval-only has to
+# rebuild it from the flags saved in the model file.
+TINY = {
+    "pqn": dict(total_timesteps=512, num_envs=4, num_steps=32),
+    "pqn_atari_envpool": dict(total_timesteps=256, num_envs=4, num_steps=32, num_minibatches=2, update_epochs=1),
+    "pqn_atari_envpool_lstm": dict(total_timesteps=256, num_envs=4, num_steps=32, num_minibatches=2, update_epochs=1),
+    "dqn_dueling_per": dict(
+        total_timesteps=600, num_envs=4, hidden_size=16, buffer_size=1000, batch_size=32, learning_starts=200
+    ),
+    "iqn": dict(total_timesteps=800, num_envs=2, learning_starts=200, buffer_size=400, batch_size=16, hidden_size=32),
+    "iqn_atari": dict(
+        total_timesteps=240,
+        num_envs=2,
+        learning_starts=160,
+        buffer_size=400,
+        batch_size=4,
+        hidden_size=32,
+        num_tau_samples=8,
+        num_tau_prime_samples=8,
+        num_quantile_samples=8,
+    ),  # fmt: skip
+    "r2d2": dict(
+        total_timesteps=1200,
+        num_envs=4,
+        learning_starts=500,
+        buffer_size=4000,
+        batch_size=8,
+        seq_len=10,
+        burn_in=4,
+        overlap=4,
+        n_step=3,
+        lstm_size=16,
+        replay_ratio=2.0,
+    ),  # fmt: skip
+    "r2d2_atari": dict(
+        total_timesteps=480,
+        num_envs=2,
+        learning_starts=200,
+        buffer_size=2000,
+        batch_size=4,
+        seq_len=8,
+        burn_in=4,
+        overlap=4,
+        n_step=2,
+        lstm_size=32,
+        replay_ratio=2.0,
+    ),  # fmt: skip
+    "recurrent_iqn": dict(
+        total_timesteps=400,
+        num_envs=4,
+        buffer_size=400,
+        seq_len=6,
+        batch_size=4,
+        learning_starts=160,
+        burn_in=0,
+        lstm_size=8,
+        hidden_size=8,
+        quantile_embedding_dim=6,
+    ),  # fmt: skip
+    "recurrent_iqn_atari": dict(
+        total_timesteps=400,
+        num_envs=4,
+        buffer_size=400,
+        seq_len=6,
+        batch_size=4,
+        learning_starts=160,
+        burn_in=0,
+        lstm_size=8,
+        hidden_size=8,
+        quantile_embedding_dim=6,
+        max_episode_steps=80,
+    ),  # fmt: skip
+}
+ATARI = {name for name in TINY if "atari" in name}
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+
+
+def test_durations_count_days_and_the_progress_line_says_percent_done(monkeypatch, capsys):
+    assert plumbing.format_duration(59) == "00:00:59"
+    assert plumbing.format_duration(86400 + 3661) == "1 day 01:01:01"
+    assert plumbing.format_duration(6 * 86400 + 8 * 3600 + 35 * 60 + 58) == "6 days 08:35:58"
+    now = [1000.0]
+    monkeypatch.setattr(plumbing.time, "time", lambda: now[0])
+    progress = plumbing.Progress(50_000_000, 0, slow_hint="try the twin")
+    now[0] += 100
+    progress.print(10_000, [1.0, 3.0])
+    out = capsys.readouterr().out
+    assert "step     10000/50000000 (  0.0%)" in out and "SPS    100" in out and "return(100)     2.00" in out
+    assert "ETA 5 days 18:51:40" in out  # 49,990,000 steps at 100 SPS: 499,900 s
+    assert "warning: at 100 SPS this run takes 5 days 18:51:40 more; try the twin" in out
+
+
+def test_a_run_starts_with_its_setting_and_ends_with_a_summary(capsys):
+    pqn = importlib.import_module("cleanrl.pqn")
+    scores = pqn.main(pqn.Args(**TINY["pqn"]))
+    out = capsys.readouterr().out
+    first, run_dir = out.splitlines()[0], glob.glob("runs/*")[0]
+    assert first == "pqn.py: CartPole-v1, seed 1, 512 agent steps"
+    assert f"run directory: {run_dir}  (watch it: tensorboard --logdir runs)" in out
+    assert f"device: cpu, 1 thread (no CUDA device found) | torch {torch.__version__}" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("finished step 512/512 in 00:00:") and f"return(100) {np.mean(scores[-100:]):.2f}" in last
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(run_dir, size_guidance={"tensors": 0})
+    events.Reload()
+    (text,) = [event.tensor_proto.string_val[0].decode() for event in events.Tensors("hyperparameters/text_summary")]
+    assert "|device|cpu, 1 thread (no CUDA device found)|" in text and f"|torch|{torch.__version__}|" in text
+    assert "|git|" in text and "|envpool|" in text
+
+
+def test_classic_control_runs_do_not_warn_about_box_precision():
+    command = "from cleanrl import pqn; pqn.main(pqn.Args(total_timesteps=256, num_envs=4, num_steps=32))"
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
+    done = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "precision lowered" not in done.stderr + done.stdout
+
+
+def test_resume_without_the_replay_says_so_and_counts_the_replayed_agent_steps(capsys):
+    iqn = importlib.import_module("cleanrl.iqn")
+    iqn.main(iqn.Args(**{**TINY["iqn"], "total_timesteps": 400, "checkpoint_every": 400}))
+    (path,) = glob.glob("runs/*/checkpoint.pt")
+    capsys.readouterr()
+    iqn.main(iqn.Args(resume=path, total_timesteps=800))  # the checkpoint's flags, 400 steps: a finished run
+    out = capsys.readouterr().out
+    assert "resume: replaying 400 logged agent steps (200 steps of 2 envs)" in out
+    assert "resume: the replay was not saved (--checkpoint-replay was off): it refills from empty, and learning " in out
+    assert "resumes at step 600" in out  # 400 + --learning-starts 200
+
+
+def test_capture_video_checks_its_packages_before_training_and_warns_when_nothing_is_recorded(monkeypatch, capsys):
+    iqn = importlib.import_module("cleanrl.iqn")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "moviepy" else real_find_spec(name))
+    with pytest.raises(
+        SystemExit, match=r'^error: --capture-video needs moviepy, not installed: pip install -e "\.\[video\]"$'
+    ):
+        iqn.main(iqn.Args(capture_video=True, save_model=True))
+    assert not os.path.exists("runs")  # refused before the run started
+    monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
+    pytest.importorskip("moviepy")
+    pytest.importorskip("pygame")
+    iqn.main(iqn.Args(**TINY["iqn"], capture_video=True))
+    assert "warning: --capture-video records the evaluation episodes, which only --save-model or --eval-only play" in (
+        capsys.readouterr().out
+    )
+    assert not os.path.exists("videos")
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_every_script_evaluates_a_saved_model_later_from_the_command_line(name, capsys):
+    script = importlib.import_module(f"cleanrl.{name}")
+    # R2D2 has no life-loss resets, so an untrained agent that never serves plays Breakout to the 27,000-step cap.
+    env = {"env_id": "Pong-v5" if name == "r2d2_atari" else "Breakout-v5"} if name in ATARI else {}
+    script.main(script.Args(**TINY[name], **env, save_model=True, eval_episodes=1))
+    out = capsys.readouterr().out
+    (model_path,) = glob.glob(f"runs/*/{name}.cleanrl_model")
+    assert f"evaluation of {model_path} over 1 episodes: mean " in out  # --save-model prints the mean
+    assert "| evaluation " in out.strip().splitlines()[-1]  # and the summary line has it
+
+    saved = torch.load(model_path, weights_only=True)
+    assert saved["script"] == f"{name}.py" and saved["args"] == vars(
+        script.Args(**TINY[name], **env, save_model=True, eval_episodes=1)
+    )
+    # A later evaluation: only the model path and evaluation flags are given; the sizes come from the file.
+    scores = script.main(script.Args(eval_only=True, model_path=model_path, eval_episodes=2))
+    out = capsys.readouterr().out
+    assert len(scores) == 2 and all(np.isfinite(scores))
+    assert f"evaluation of {model_path} over 2 episodes: mean {np.mean(scores):.2f}" in out
+    assert len(glob.glob("runs/*")) == 1  # evaluating starts no training run
+
+
+def test_eval_only_refuses_what_it_cannot_evaluate(tmp_path, capsys):
+    iqn, pqn = importlib.import_module("cleanrl.iqn"), importlib.import_module("cleanrl.pqn")
+    with pytest.raises(SystemExit, match="^error: --eval-only=True: needs --model-path PATH"):
+        iqn.main(iqn.Args(eval_only=True))
+    with pytest.raises(SystemExit, match="^error: --model-path=nowhere.pt: is only read with --eval-only"):
+        iqn.main(iqn.Args(model_path="nowhere.pt"))
+    with pytest.raises(SystemExit, match="^error: --model-path=nowhere.pt: no such file"):
+        iqn.main(iqn.Args(eval_only=True, model_path="nowhere.pt"))
+    pqn.main(pqn.Args(**TINY["pqn"], save_model=True, eval_episodes=1))
+    (model_path,) = glob.glob("runs/*/pqn.cleanrl_model")
+    with pytest.raises(SystemExit, match=f"^error: --model-path={model_path}: written by pqn.py, not iqn.py$"):
+        iqn.main(iqn.Args(eval_only=True, model_path=model_path))
+    capsys.readouterr()
+    # A flag that would change the network is named and ignored; a file of bare weights is built from the flags.
+    pqn.main(pqn.Args(eval_only=True, model_path=model_path, eval_episodes=1, num_envs=8))
+    assert "eval-only: ignoring --num-envs=8; the model's value is 4" in capsys.readouterr().out
+    bare = str(tmp_path / "bare.cleanrl_model")
+    torch.save(torch.load(model_path, weights_only=True)["model"], bare)
+    assert len(pqn.main(pqn.Args(eval_only=True, model_path=bare, eval_episodes=1))) == 1
+    assert "holds weights only: the network is built from the command-line flags" in capsys.readouterr().out
+
+
+def test_capture_video_records_the_evaluation_of_a_saved_model(capsys):
+    pytest.importorskip("moviepy")
+    pytest.importorskip("pygame")
+    iqn = importlib.import_module("cleanrl.iqn")
+    iqn.main(iqn.Args(**TINY["iqn"], save_model=True, eval_episodes=1))
+    (model_path,) = glob.glob("runs/*/iqn.cleanrl_model")
+    iqn.main(iqn.Args(eval_only=True, model_path=model_path, eval_episodes=2, capture_video=True))
+    videos = glob.glob("videos/*-eval-*/*.mp4")
+    assert len(videos) == 2 and all(os.path.getsize(video) > 1000 for video in videos)
