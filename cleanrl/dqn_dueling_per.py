@@ -100,6 +100,9 @@ class Args:
     """also store the replay buffer in checkpoints (large, but the resumed run is then exact)"""
     resume: Optional[str] = None
     """continue the run saved in this checkpoint, in the same run directory (and W&B run)"""
+    resume_fresh_envs: bool = False
+    """with --resume: start new games instead of replaying every logged action (cost independent of the run's length;
+    the games in progress are dropped, so the run is not bit-identical)"""
 
 
 def validate_args(args: Args) -> None:
@@ -432,7 +435,7 @@ def main(args: Args) -> list[float]:
     cpu_threads = None if args.env_id.endswith("-v5") else 1
     with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads) as run:
         plumbing.seed_everything(args.seed, args.torch_deterministic)
-        envs = make_env(args.env_id, args.num_envs, args.seed)
+        envs = make_env(args.env_id, args.num_envs, run.env_seed)
         obs_shape, num_actions = envs.observation_space.shape, envs.action_space.n
         obs_dtype = buffer_obs_dtype(obs_shape)
         device = run.device
@@ -478,7 +481,9 @@ def main(args: Args) -> list[float]:
             if saved["rb"] is None:  # an empty buffer: act for another learning_starts steps before sampling from it
                 learning_starts = iteration * args.num_envs + args.learning_starts
                 run.note_empty_replay(learning_starts)
-            obs = run.fast_forward(envs, action_log[:iteration], obs)
+            envs, obs = run.fast_forward(envs, action_log[:iteration], obs, (is_reset_step,), stats)
+            if args.resume_fresh_envs:  # the dropped games' pending n-step transitions would add the new games' rewards
+                window.length[:] = 0
         progress = run.progress(iteration * args.num_envs)
 
         for iteration in range(iteration + 1, num_iterations + 1):

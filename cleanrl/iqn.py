@@ -101,6 +101,9 @@ class Args:
     """also store the replay buffer in checkpoints (large, but the resumed run is then exact)"""
     resume: Optional[str] = None
     """continue the run saved in this checkpoint, in the same run directory (and W&B run)"""
+    resume_fresh_envs: bool = False
+    """with --resume: start new games instead of replaying every logged action (cost independent of the run's length;
+    the games in progress are dropped, so the run is not bit-identical)"""
 
 
 def validate_args(args: Args) -> None:
@@ -340,7 +343,7 @@ def main(args: Args) -> list[float]:
     with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
         plumbing.seed_everything(args.seed, args.torch_deterministic)
         device = run.device
-        envs = make_env(args.env_id, args.num_envs, args.seed)
+        envs = make_env(args.env_id, args.num_envs, run.env_seed)
         num_actions, obs_shape = envs.single_action_space.n, envs.single_observation_space.shape
         network_sizes = (int(np.prod(obs_shape)), num_actions, args.quantile_embedding_dim, args.hidden_size)
         q_network = QuantileNetwork(*network_sizes).to(device)
@@ -376,7 +379,7 @@ def main(args: Args) -> list[float]:
         if checkpoint:
             saved = run.restore({**checkpoint_state(), "action_log": action_log})  # the saved log fills its first rows
             iteration, updates = saved["iteration"], saved["updates"]
-            obs = run.fast_forward(envs, action_log[:iteration], obs)
+            envs, obs = run.fast_forward(envs, action_log[:iteration], obs, (is_reset_step,), stats)
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
                 learn_after = iteration * args.num_envs + args.learning_starts
                 run.note_empty_replay(learn_after)

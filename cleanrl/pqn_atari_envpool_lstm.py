@@ -86,6 +86,9 @@ class Args:
     """write a resumable checkpoint every this many agent steps and at the end (0: only on SIGINT/SIGTERM)"""
     resume: Optional[str] = None
     """continue the run saved in this checkpoint, in the same run directory (and W&B run)"""
+    resume_fresh_envs: bool = False
+    """with --resume: start new games instead of replaying every logged action (cost independent of the run's length;
+    the games in progress are dropped, so the run is not bit-identical)"""
 
 
 def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> int:
@@ -304,7 +307,7 @@ def main(args: Args) -> list[float]:
         def to_device(array: np.ndarray) -> torch.Tensor:
             return torch.as_tensor(array, device=device)
 
-        envs = make_env(args.env_id, args.num_envs, args.seed)
+        envs = make_env(args.env_id, args.num_envs, run.env_seed)
         obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
         q_network = QNetwork(num_actions).to(device)
         optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)
@@ -344,7 +347,9 @@ def main(args: Args) -> list[float]:
         if checkpoint is not None:
             saved = run.restore(checkpoint_state())
             start_iteration, lstm_state = saved["iteration"], tuple(tensor.to(device) for tensor in saved["lstm_state"])
-            next_obs = run.fast_forward(envs, action_log[: start_iteration * args.num_steps], next_obs, actions.dtype)
+            envs, next_obs = run.fast_forward(
+                envs, action_log[: start_iteration * args.num_steps], next_obs, (next_is_reset_step,), stats, actions.dtype
+            )
         global_step = start_iteration * batch_size
         progress = run.progress(global_step)
         for iteration in range(start_iteration, num_iterations):

@@ -111,6 +111,9 @@ class Args:
     """also store the replay buffer in checkpoints (large, but the resumed run is then exact)"""
     resume: str | None = None
     """continue the run saved in this checkpoint, in the same run directory (and W&B run)"""
+    resume_fresh_envs: bool = False
+    """with --resume: start new games instead of replaying every logged action (cost independent of the run's length;
+    the games in progress are dropped, so the run is not bit-identical)"""
 
 
 def validate_args(args: Args) -> None:
@@ -472,7 +475,7 @@ def main(args: Args) -> list[float]:
         rng = np.random.default_rng(args.seed)
         device = run.device
 
-        envs = make_env(args.env_id, args.num_envs, args.seed)
+        envs = make_env(args.env_id, args.num_envs, run.env_seed)
         num_envs, num_actions = args.num_envs, int(envs.action_space.n)
         obs, _ = envs.reset()  # the raw observation: resume checks the replayed environments against it
         obs_dim = observe(obs, args.mask_velocity).shape[1]
@@ -506,7 +509,9 @@ def main(args: Args) -> list[float]:
         if checkpoint is not None:
             saved = run.restore(checkpoint_state())
             update_credit, updates, learn_from = saved["update_credit"], saved["updates"], saved["learn_from"]
-            obs = run.fast_forward(envs, action_log[: global_step // num_envs], obs)
+            envs, obs = run.fast_forward(envs, action_log[: global_step // num_envs], obs, (is_reset_step,), stats)
+            if args.resume_fresh_envs:  # the cut is a time-out (targets bootstrap from obs); its reset step starts no episode
+                rb.truncated[:, (rb.t - 1) % rb.steps], is_first[:] = True, False
             if not rb.save_arrays:  # the replay starts empty: collect again before learning
                 learn_from = checkpoint["global_step"] + args.learning_starts
                 run.note_empty_replay(learn_from)

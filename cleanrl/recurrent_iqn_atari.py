@@ -135,6 +135,9 @@ class Args:
     """also store the replay buffer in checkpoints (large, but the resumed run is then exact)"""
     resume: Optional[str] = None
     """continue the run saved in this checkpoint, in the same run directory (and W&B run)"""
+    resume_fresh_envs: bool = False
+    """with --resume: start new games instead of replaying every logged action (cost independent of the run's length;
+    the games in progress are dropped, so the run is not bit-identical)"""
 
 
 def validate_args(args):
@@ -564,7 +567,7 @@ def main(args: Args) -> list[float]:
         device = run.device
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
 
-        envs = make_env(args.env_id, args.num_envs, args.seed, args.max_episode_steps, reward_clip=not args.value_rescaling)
+        envs = make_env(args.env_id, args.num_envs, run.env_seed, args.max_episode_steps, reward_clip=not args.value_rescaling)
         num_actions = int(envs.action_space.n)
         q_network = QNetwork(num_actions, args).to(device)
         target_network = QNetwork(num_actions, args).to(device)
@@ -593,7 +596,10 @@ def main(args: Args) -> list[float]:
         if checkpoint:
             saved = run.restore(checkpoint_state())
             start_iteration, updates = saved["iteration"], saved["updates"]
-            obs = run.fast_forward(envs, action_log[:start_iteration], obs)
+            # with --resume-fresh-envs the reset step at the cut starts a new game (agent.game_over: the timestep restarts)
+            envs, obs = run.fast_forward(envs, action_log[:start_iteration], obs, (is_reset_step, agent.game_over), stats)
+            if args.resume_fresh_envs:  # the cut is a time-out: targets bootstrap from obs, not from the new game
+                rb.truncated[:, (rb.pos - 1) % rb.capacity] = True
             if not args.checkpoint_replay:  # the replay starts empty (rb.pos 0)
                 run.note_empty_replay(start_iteration * args.num_envs + args.learning_starts)
         progress = run.progress(start_iteration * args.num_envs)

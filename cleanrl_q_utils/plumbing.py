@@ -82,7 +82,7 @@ warnings.filterwarnings("ignore", message=".*precision lowered by casting to flo
 # The flags an --eval-only run takes from the command line; every other flag comes from the saved model file.
 EVALUATION_FLAGS = ("eval_only", "model_path", "eval_episodes", "eval_epsilon", "capture_video", "seed", "cuda")
 # Flags added after the first checkpoints were written: a checkpoint without them resumes with their defaults.
-LATER_FLAGS = {"eval_only", "model_path"}
+LATER_FLAGS = {"eval_only", "model_path", "resume_fresh_envs"}
 # What --capture-video imports, by kind of environment (module, pip package).
 VIDEO_MODULES = {
     "atari": [("moviepy", "moviepy"), ("ale_py", "ale-py"), ("cv2", "opencv-python")],
@@ -314,8 +314,9 @@ def resume(given, script: str, checkpoint_format: int):
     except Exception as error:
         flag_error("resume", given.resume, f"not a readable checkpoint ({type(error).__name__}: {error})")
     saved = {**{name: getattr(type(given)(), name) for name in LATER_FLAGS & names}, **checkpoint["args"]}
-    defaults, changes = type(given)(), {"resume": given.resume}
-    for name in sorted(names - {"resume"}):
+    # How to resume is said anew each time: --resume, and --resume-fresh-envs (fresh games, or the exact replay).
+    defaults, changes = type(given)(), {"resume": given.resume, "resume_fresh_envs": given.resume_fresh_envs}
+    for name in sorted(names - {"resume", "resume_fresh_envs"}):
         value = getattr(given, name)
         if value == saved[name] or value == getattr(defaults, name):
             continue
@@ -439,6 +440,11 @@ class Run:
         self.script = os.path.abspath(script)
         self.start_time, self.eval_scores = time.time(), None
         self.global_step = checkpoint["global_step"] if checkpoint else 0  # the last step checkpoint_or_stop saw
+        # The step at which the current envs started their first games: 0, or that of the last --resume-fresh-envs.
+        # They are seeded with seed + that step, so that the new games are not the run's first ones again.
+        fresh = checkpoint is not None and args.resume_fresh_envs
+        self.envs_start = self.global_step if fresh else checkpoint.get("envs_start", 0) if checkpoint else 0
+        self.env_seed = args.seed + self.envs_start
         self.device = pick_device(args.cuda, cpu_threads)
         self.name = checkpoint["run_name"] if checkpoint else new_run_name(args)
         # A resumed run goes on in its checkpoint's directory, from wherever it is started.
@@ -555,19 +561,42 @@ class Run:
 
             wandb.finish()
 
-    def fast_forward(self, envs, action_log: np.ndarray, expected_obs: np.ndarray, action_dtype=np.int64) -> np.ndarray:
-        """Brings just reset envs back to the checkpoint's state: envpool cannot save its state, but it is deterministic
-        given its seed and the actions. Steps through every logged action and returns the last observation; a signal
-        meanwhile exits at once (the checkpoint is still the newest state)."""
+    def fast_forward(self, envs, action_log: np.ndarray, obs: np.ndarray, reset_flags: tuple, stats, action_dtype=np.int64):
+        """Brings the envs, just built with `run.env_seed`, on from the checkpoint; returns (envs, obs) for the loop.
+
+        envpool cannot save its state, but it is deterministic given its seed and the actions: by default the logged
+        actions are stepped again, and the run goes on exactly (a signal meanwhile exits at once; the checkpoint is
+        still the newest state). That costs the environment steps of the whole run so far. With --resume-fresh-envs
+        the envs start new games instead, at a cost that does not grow with the run: the games in progress are
+        dropped (their partial scores are not logged; `charts/games_dropped_at_resume` counts them) and the next step
+        is made an envpool reset step for every env, by setting the script's `reset_flags` arrays (the flag that the
+        step from `obs` is a reset step, and any flag that the observation after it starts a game). The script then
+        zeroes recurrent state where it always does; where its replay ends n-step targets only at a stored episode
+        end, it also marks its last stored step as a time-out, so that nothing is trained across the cut. A later
+        exact resume replays only the actions since the last such cut."""
         envs_count = action_log.shape[1] if action_log.ndim > 1 else 1
+        if self.args.resume_fresh_envs:
+            dropped = int(np.count_nonzero(stats.lengths))
+            stats.returns[:], stats.lengths[:] = 0.0, 0
+            for flags in reset_flags:
+                flags[:] = True
+            self.writer.add_scalar("charts/games_dropped_at_resume", dropped, self.checkpoint["global_step"])
+            print(
+                f"resume: fresh environments ({action_log.size} logged agent steps not replayed); "
+                f"{dropped} games in progress dropped"
+            )
+            return FirstStepIsReset(envs), obs
+        start_row = self.envs_start // envs_count
+        if start_row > 0:  # envs started fresh at that step, whose first step was a reset step
+            envs, action_log = FirstStepIsReset(envs), action_log[start_row:]
         print(f"resume: replaying {action_log.size} logged agent steps ({len(action_log)} steps of {envs_count} envs)")
-        obs, self.replaying = None, True
+        stepped, self.replaying = None, True
         for actions in action_log:
-            obs = envs.step(actions.astype(action_dtype))[0]
+            stepped = envs.step(actions.astype(action_dtype))[0]
         self.replaying = False
-        if obs is not None and not np.array_equal(obs, expected_obs):
+        if stepped is not None and not np.array_equal(stepped, obs):
             raise SystemExit("error: the environment replay diverged from the checkpoint (another envpool version?)")
-        return expected_obs if obs is None else obs
+        return envs, obs
 
     def restore(self, state: dict) -> dict:
         """Loads the checkpoint into `state` (the script's checkpoint state) in place, then the random generators
@@ -588,6 +617,7 @@ class Run:
         state = {key: state_of(value) for key, value in state.items()}
         header = dict(format=self.format, script=os.path.basename(self.script), args=vars(self.args), run_name=self.name)
         checkpoint = dict(header, wandb_id=self.wandb_id, global_step=global_step, rng=rng_states(), state=state)
+        checkpoint["envs_start"] = self.envs_start
         if not all_finite(
             [state[key] for key in learned]
         ):  # weights and optimizer moments (buffers may hold inf by design, e.g. min-trees)
@@ -656,6 +686,25 @@ class Run:
                 f"error: non-finite loss or Q-values at step {global_step}; last good checkpoint: "
                 f"{self.last_checkpoint or 'none written'}"
             ) from None
+
+
+class FirstStepIsReset:
+    """Fresh envpool envs (--resume-fresh-envs) whose first step is a reset step, as after an episode end under
+    NEXT_STEP autoreset: the actions are ignored and the first observation of a new game comes back, with zero reward,
+    no episode end, and the reset's info. Every later call goes to the envs themselves."""
+
+    def __init__(self, envs):
+        self.envs, self.first = envs, envs.reset()
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+    def step(self, actions):
+        if self.first is None:
+            return self.envs.step(actions)
+        (obs, info), self.first = self.first, None
+        no = np.zeros(len(obs), dtype=bool)
+        return obs, np.zeros(len(obs), dtype=np.float32), no, no.copy(), info
 
 
 MODEL_FILE = "cleanrl-q model"  # marks a model file written by `save_model`

@@ -33,6 +33,7 @@ class Args:
     learning_rate: float = 1e-3
     checkpoint_every: int = 0
     resume: Optional[str] = None
+    resume_fresh_envs: bool = False
 
 
 SCRIPT = "/somewhere/cleanrl/toy.py"
@@ -370,20 +371,66 @@ def test_restore_stops_when_the_checkpoint_holds_other_entries():
 
 
 class CountingEnvs:
+    """envpool stand-in: the observation is the running sum of each env's actions, restarted by `reset`."""
+
     def __init__(self):
-        self.position = np.zeros(2, dtype=np.int64)
+        self.position, self.steps, self.resets = np.zeros(2, dtype=np.int64), 0, 0
+
+    def reset(self):
+        self.position[:], self.resets = 100, self.resets + 1
+        return self.position.copy(), {"lives": np.ones(2)}
 
     def step(self, actions):
         self.position += actions
-        return (self.position.copy(),)
+        self.steps += 1
+        return (self.position.copy(), np.ones(2, dtype=np.float32), np.zeros(2, bool), np.zeros(2, bool), {})
+
+
+def fast_forward(run, envs, log, obs, flags=(), stats=None):
+    return run.fast_forward(envs, log, obs, flags, stats or EpisodeStats(2))
 
 
 def test_fast_forward_replays_the_logged_actions_and_detects_divergence():
     log = np.array([[1, 2], [3, 4]], dtype=np.uint8)
     with start() as run:
-        assert list(run.fast_forward(CountingEnvs(), log, np.array([4, 6]))) == [4, 6]
+        envs = CountingEnvs()
+        assert fast_forward(run, envs, log, np.array([4, 6]))[0] is envs and envs.steps == 2
         with pytest.raises(SystemExit, match="diverged"):
-            run.fast_forward(CountingEnvs(), log, np.array([4, 7]))
+            fast_forward(run, CountingEnvs(), log, np.array([4, 7]))
+
+
+def test_a_fresh_resume_steps_nothing_drops_the_games_in_progress_and_makes_the_next_step_a_reset_step(capsys):
+    with start(Args(checkpoint_every=1)) as run:
+        path = run.save(40, {"x": 1})
+    args, checkpoint = resume(Args(resume=path, resume_fresh_envs=True), SCRIPT, FORMAT)
+    assert args.resume_fresh_envs
+    with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
+        assert resumed.env_seed == args.seed + 40  # new games, not the run's first ones again
+        stats, is_reset_step, starts_game = EpisodeStats(2), np.array([False, True]), np.array([False, False])
+        stats.returns[:], stats.lengths[:] = [5.0, 0.0], [5, 0]  # env 0 is in a game, env 1 at its reset step
+        inner = CountingEnvs()
+        envs, obs = fast_forward(
+            resumed, inner, np.ones((20, 2), np.uint8), np.array([7, 7]), (is_reset_step, starts_game), stats
+        )
+        assert inner.steps == 0 and list(obs) == [7, 7]  # nothing replayed; the loop acts once more from the old obs
+        assert is_reset_step.all() and starts_game.all() and not stats.returns.any() and stats.scores == []
+        assert (
+            "fresh environments (40 logged agent steps not replayed); 1 games in progress dropped" in capsys.readouterr().out
+        )
+        first = envs.step(np.array([3, 3]))  # envpool's reset step: actions ignored, a new game's first observation
+        assert list(first[0]) == [100, 100] and not first[1].any() and not (first[2] | first[3]).any() and "lives" in first[4]
+        assert list(envs.step(np.array([3, 3]))[0]) == [103, 103] and inner.steps == 1  # then the real envs
+        resumed.save(60, {"x": 2})
+    # An exact resume later replays only the actions since the fresh start, from its reset step on.
+    args, checkpoint = resume(Args(resume=path), SCRIPT, FORMAT)
+    assert not args.resume_fresh_envs and checkpoint["envs_start"] == 40
+    with Run(args, checkpoint, SCRIPT, FORMAT) as again:
+        assert again.env_seed == args.seed + 40
+        log = np.zeros((30, 2), np.uint8)
+        log[20:] = 1  # rows 0-19: before the cut (not replayed); row 20: the reset step; rows 21-29: nine real steps
+        envs, obs = fast_forward(again, CountingEnvs(), log, np.array([109, 109]))
+        assert envs.envs.steps == 9 and envs.envs.resets == 1
+    assert "replaying 20 logged agent steps (10 steps of 2 envs)" in capsys.readouterr().out
 
 
 def test_a_signal_during_the_fast_forward_exits_at_once():
@@ -393,7 +440,7 @@ def test_a_signal_during_the_fast_forward_exits_at_once():
             return super().step(actions)
 
     with pytest.raises(SystemExit) as stop, start() as run:
-        run.fast_forward(SignalledEnvs(), np.ones((100, 2), dtype=np.uint8), np.zeros(2))
+        fast_forward(run, SignalledEnvs(), np.ones((100, 2), dtype=np.uint8), np.zeros(2))
     assert stop.value.code == 128 + signal.SIGTERM
 
 

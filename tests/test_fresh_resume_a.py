@@ -1,0 +1,142 @@
+"""--resume-fresh-envs of the PQN, dueling-PER DQN and IQN scripts: a resume that starts new games instead of stepping
+the logged actions again, where nothing a script keeps across steps may join a dropped game to a new one."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cleanrl import dqn_dueling_per, iqn, iqn_atari, pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
+
+from interrupts import interrupt_at_step
+
+
+def load(path):
+    return torch.load(path, weights_only=False)
+
+
+def interrupt_then_resume_fresh(module, monkeypatch, capsys, flags: dict, k: int) -> tuple[dict, dict]:
+    """Runs `module` with `flags` up to a SIGINT at its k-th envs.step, then resumes it with fresh envs to the end.
+    Returns the saved state of the interrupted run and that of the finished one."""
+    with monkeypatch.context() as patch:
+        interrupt_at_step(patch, module, k)
+        module.main(module.Args(**flags, cuda=False))
+    (path,) = Path("runs").glob("*/checkpoint.pt")
+    before, make_env, steps = load(path), module.make_env, []
+
+    class Counting:  # counts the steps the resumed run's envs really take
+        def __init__(self, envs):
+            self.envs = envs
+
+        def __getattr__(self, name):
+            return getattr(self.envs, name)
+
+        def step(self, actions):
+            steps.append(1)
+            return self.envs.step(actions)
+
+    monkeypatch.setattr(module, "make_env", lambda *a, **kw: Counting(make_env(*a, **kw)))
+    capsys.readouterr()
+    module.main(module.Args(resume=str(path), resume_fresh_envs=True, checkpoint_every=10**6, cuda=False))
+    after, out = load(path), capsys.readouterr().out
+    assert after["global_step"] == flags["total_timesteps"]
+    assert after["args"]["resume_fresh_envs"]  # kept: no replay of the logged actions could reach the new games
+    assert "resume: fresh environments" in out and "replaying" not in out
+    # No logged action was stepped again: the envs took the resumed run's steps, less the first (an emulated reset).
+    assert len(steps) == (flags["total_timesteps"] - before["global_step"]) // flags["num_envs"] - 1
+    return before["state"], after["state"]
+
+
+PQN_TINY = dict(total_timesteps=128, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1)
+
+
+@pytest.mark.parametrize(
+    "module, flags, k",
+    [
+        (pqn, dict(PQN_TINY, total_timesteps=1024, update_epochs=2), 100),  # cut after 7 of 16 iterations
+        (pqn_atari_envpool, PQN_TINY, 5),  # cut after 1 of 2 iterations
+        (pqn_atari_envpool_lstm, PQN_TINY, 5),
+    ],
+    ids=["mlp", "cnn", "lstm"],
+)
+def test_pqn_fresh_resume_starts_with_a_reset_step(module, flags, k, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    train, rollouts = module.train_on_rollout, []
+
+    def recording(q_network, optimizer, rollout, *rest):  # copies: the tensors share the script's rollout storage
+        rollouts.append([x.clone() if torch.is_tensor(x) else x for x in rollout])
+        return train(q_network, optimizer, rollout, *rest)
+
+    monkeypatch.setattr(module, "train_on_rollout", recording)
+    before, _ = interrupt_then_resume_fresh(module, monkeypatch, capsys, flags, k)
+    # The first rollout after the cut (the interrupted run's rollouts come first) starts from the dropped game's last
+    # observation with a reset step: out of the loss, and its Q(lambda) return reads nothing of the new game.
+    first = rollouts[before["iteration"]]
+    num_envs = flags["num_envs"]
+    if module is pqn_atari_envpool_lstm:
+        obs, _, is_first, _, valid, _ = first
+        assert is_first[1].all()  # the recurrent state is zeroed at the new games' first observations
+    else:
+        obs, _, _, valid = (x.reshape(flags["num_steps"], num_envs, *x.shape[1:]) for x in first)
+    assert torch.equal(obs[0].cpu(), torch.as_tensor(before["next_obs"]).to(obs.dtype))
+    assert (valid[0] == 0).all() and (valid[1:] == 1).any()
+
+
+def test_dqn_dueling_per_fresh_resume_drops_the_pending_n_step_transitions(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    flags = dict(total_timesteps=1000, num_envs=4, hidden_size=16, buffer_size=1000, batch_size=32, learning_starts=200,
+                 train_frequency=4, target_network_frequency=100, checkpoint_replay=True)  # fmt: skip
+    pushes = []  # (obs entered, obs of the transitions that left) of every NStepWindow.push, both runs
+
+    class Recording(dqn_dueling_per.NStepWindow):
+        def push(self, obs, *rest):
+            transitions = super().push(obs, *rest)
+            pushes.append((obs.copy(), transitions[0]))
+            return transitions
+
+    monkeypatch.setattr(dqn_dueling_per, "NStepWindow", Recording)
+    before, after = interrupt_then_resume_fresh(dqn_dueling_per, monkeypatch, capsys, flags, 120)  # cut at step 480
+    # The replay written before the cut stays as it was (1000 slots: nothing is overwritten).
+    size = before["rb"]["size"]
+    for name in dqn_dueling_per.PrioritizedReplayBuffer.ARRAYS:
+        assert torch.equal(after["rb"][name][:size], before["rb"][name][:size]), name
+    # The dropped games' pending transitions left with them: n = 3 pushes pass (the emulated reset step enters nothing,
+    # then the new games fill the window) before the first transitions leave, and those start from the new games' first
+    # observations. A pending one would leave earlier, with a return summing rewards of both games.
+    cut = before["iteration"]
+    assert all(len(left) == 0 for _, left in pushes[cut : cut + 3])
+    assert np.array_equal(pushes[cut + 3][1], pushes[cut + 1][0])
+
+
+def test_iqn_fresh_resume_ends_n_step_samples_at_the_cut(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    flags = dict(total_timesteps=2000, num_envs=4, learning_starts=200, buffer_size=2000, batch_size=32, hidden_size=16,
+                 quantile_embedding_dim=16, num_quantile_samples=8, target_network_frequency=100,
+                 checkpoint_replay=True)  # fmt: skip
+    before, after = interrupt_then_resume_fresh(iqn, monkeypatch, capsys, flags, 240)  # cut at step 960
+    cut, rb = before["iteration"], after["rb"]
+    for name in iqn.ReplayBuffer.ARRAYS:  # rings of 500 slots: nothing before the cut is overwritten
+        assert torch.equal(rb[name][:, :cut], before["rb"][name][:, :cut]), name
+    # The slot of each env's last observation before the cut is that of an episode's last observation: an n-step
+    # sample stops there and bootstraps from it (a time-out), never reading the new game's rewards.
+    assert torch.equal(rb["obs"][:, cut], torch.as_tensor(before["obs"])) and not rb["valid"][:, cut].any()
+    assert rb["valid"][:, cut + 1 :].any()
+
+
+def test_iqn_atari_fresh_resume_starts_new_frame_stacks(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    flags = dict(total_timesteps=240, num_envs=2, learning_starts=160, buffer_size=400, batch_size=4, num_tau_samples=8,
+                 num_tau_prime_samples=8, num_quantile_samples=8, hidden_size=32, target_network_frequency=40,
+                 exploration_fraction=0.4, eval_episodes=0, checkpoint_replay=True)  # fmt: skip
+    before, after = interrupt_then_resume_fresh(iqn_atari, monkeypatch, capsys, flags, 85)  # cut at step 170
+    cut = before["iteration"]
+    for name in iqn_atari.ReplayBuffer.ARRAYS:  # rings of 200 slots: nothing before the cut is overwritten
+        assert torch.equal(after["rb"][name][:, :cut], before["rb"][name][:, :cut]), name
+    rb = iqn_atari.ReplayBuffer(400, 2, (84, 84), 4, "cpu", np.random.default_rng(0))
+    rb.load_state_dict(after["rb"])
+    assert np.array_equal(rb.frames[:, cut], before["obs"][:, -1]) and not rb.valid[:, cut].any()
+    # The first stack after the cut holds the new game's first frame four times, as envpool's reset gives it: no frame
+    # of the dropped game.
+    first_stack = rb.stacks(np.arange(2), np.full(2, cut + 1))
+    assert rb.game_start[:, cut + 1].all() and (first_stack == rb.frames[:, cut + 1, None]).all()
