@@ -41,7 +41,7 @@ def interrupt_then_resume_fresh(module, monkeypatch, capsys, flags: dict, k: int
     module.main(module.Args(resume=str(path), resume_fresh_envs=True, checkpoint_every=10**6, cuda=False))
     after, out = load(path), capsys.readouterr().out
     assert after["global_step"] == flags["total_timesteps"]
-    assert after["args"]["resume_fresh_envs"]  # kept: no replay of the logged actions could reach the new games
+    assert after["args"]["resume_fresh_envs"] and after["envs_start"] == before["global_step"]  # where the new games began
     assert "resume: fresh environments" in out and "replaying" not in out
     # No logged action was stepped again: the envs took the resumed run's steps, less the first (an emulated reset).
     assert len(steps) == (flags["total_timesteps"] - before["global_step"]) // flags["num_envs"] - 1
@@ -140,3 +140,31 @@ def test_iqn_atari_fresh_resume_starts_new_frame_stacks(monkeypatch, capsys, tmp
     # of the dropped game.
     first_stack = rb.stacks(np.arange(2), np.full(2, cut + 1))
     assert rb.game_start[:, cut + 1].all() and (first_stack == rb.frames[:, cut + 1, None]).all()
+
+
+def test_an_exact_resume_after_a_fresh_one_replays_only_the_steps_since_the_cut(monkeypatch, capsys, tmp_path):
+    """Interrupted, resumed fresh, interrupted again, resumed exactly: the same weights as the run resumed fresh once
+    and left to finish. The exact resume steps the actions since the fresh start only (from its reset step)."""
+    flags = dict(PQN_TINY, total_timesteps=1024)
+    weights = []
+    for second_stop in (None, 30):
+        run_dir = tmp_path / ("twice" if second_stop else "once")
+        run_dir.mkdir()
+        monkeypatch.chdir(run_dir)
+        with monkeypatch.context() as patch:
+            interrupt_at_step(patch, pqn, 40)  # in the 3rd of 16 iterations
+            pqn.main(pqn.Args(**flags, cuda=False))
+        (path,) = Path("runs").glob("*/checkpoint.pt")
+        with monkeypatch.context() as patch:
+            if second_stop:
+                interrupt_at_step(patch, pqn, second_stop)  # within the fresh run, after 4 more iterations
+            pqn.main(pqn.Args(resume=str(path), resume_fresh_envs=True, checkpoint_every=10**6, cuda=False))
+        if second_stop:
+            cut, stop = load(path)["envs_start"], load(path)["global_step"]
+            assert 0 < cut < stop < 1024
+            capsys.readouterr()
+            pqn.main(pqn.Args(resume=str(path), cuda=False))
+            assert f"replaying {stop - cut} logged agent steps" in capsys.readouterr().out
+        assert load(path)["global_step"] == 1024
+        weights.append(load(path)["state"]["q_network"])
+    assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
