@@ -58,14 +58,14 @@ class Args:
 
     env_id: str = "CartPole-v1"
     """the id of the envpool classic control environment"""
-    total_timesteps: int = 300_000
+    total_timesteps: int = 450_000
     """total agent steps over all environments"""
     mask_velocity: bool = True
     """hide the velocities of CartPole (observe cart position and pole angle only)"""
     num_envs: int = 16
     """the number of parallel game environments (one actor epsilon each)"""
     buffer_size: int = 300_000
-    """the replay memory size in transitions (each frame is stored once)"""
+    """the replay memory size in transitions (each frame is stored once; 300k: the last two thirds of a default run)"""
     seq_len: int = 20
     """the length of a replayed training sequence"""
     batch_size: int = 32
@@ -110,8 +110,8 @@ class Args:
     """the base epsilon of the per-actor exploration at the start (CartPole needs random play first)"""
     end_e: float = 0.01
     """the base epsilon at the end of the decay, also the floor of every actor's epsilon"""
-    exploration_fraction: float = 0.5
-    """the fraction of `total_timesteps` over which the base epsilon decays"""
+    exploration_fraction: float = 0.3333
+    """the fraction of `total_timesteps` over which the base epsilon decays (150k of the default 450k steps)"""
     epsilon_alpha: float = 7.0
     """actor i explores with epsilon base^(1 + alpha i / (num_envs - 1))"""
     eval_epsilon: float = 0.001
