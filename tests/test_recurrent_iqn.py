@@ -431,7 +431,8 @@ def test_invalid_arguments(module, options, flag):
 # The defaults with full observations over 100k steps (epsilon decaying over the first half), about 100 s per run;
 # last-100-episode mean measured on a 2-core x86-64 CPU (AVX-512, PyTorch 2.13, one thread per run, two runs at a
 # time) after the replay fix (burn-in before each sequence, 300k-step replay), seeds 1-5: 120.0, 101.6, 105.0,
-# 124.8, 121.7 (the lowest 1.7x the threshold). Without bootstrapping (--gamma 0) seeds 1 and 2 end at 11.8 and 22.4; random play scores about 22.
+# 124.8, 121.7 (the lowest 1.7x the threshold). Without bootstrapping (--gamma 0) seeds 1 and 2 end at 11.8 and 22.4;
+# random play scores about 22.
 @pytest.mark.learning
 def test_learns_cartpole(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
