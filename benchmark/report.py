@@ -12,8 +12,13 @@ seeds. Writes to `--output-dir`:
 - `<name>.md`: final performance and wall-clock runtime per env, one column per exp_name; for Atari ids
   (found in atari57_random_human_scores.csv) also human-normalized scores with the median and the
   interquartile mean (IQM) over games and seeds, with 95% stratified-bootstrap confidence intervals (rliable);
-- `<name>_curves.png`: learning curves, one panel per env, one line per exp_name (mean over seeds, shaded
-  +- one standard deviation), x-axis = env steps.
+- `<name>_curves.png`: learning curves, one panel per env, one line per exp_name: the mean over seeds of each run's
+  trailing mean return, with a band of +- one standard deviation over seeds (the figure says so); x-axis = env
+  steps, labelled "agent steps (not frames)" for Atari ids: one agent step is several frames (the frame skip).
+
+What the report leaves out or mixes is said in one `warning:` line each on stderr: requested env ids or exp_names
+without runs, runs without episodes, seeds logged twice or with few episodes, runs of different lengths in one
+curve, and curves it cannot draw.
 """
 
 from __future__ import annotations
@@ -31,6 +36,19 @@ import numpy as np
 RETURN_TAG = "charts/episodic_return"
 RUN_NAME = re.compile(r"^(?P<env_id>.+?)__(?P<exp_name>.+)__(?P<seed>-?\d+)__(?P<timestamp>\d+)$")
 HUMAN_RANDOM_CSV = Path(__file__).with_name("atari57_random_human_scores.csv")
+MIXED_LENGTHS = 0.9
+"""runs of one group are of mixed lengths when the shortest ends before this fraction of the longest (the last
+episodes of runs of equal length end a little apart anyway)"""
+
+
+def warn(message: str) -> None:
+    """One line on stderr, so that a table or plot with something missing is not read as complete."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def count(number: int, noun: str) -> str:
+    """`1 seed`, `3 seeds`."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
 @dataclass
@@ -101,7 +119,7 @@ def read_run(path: Path) -> Run | None:
     accumulator.Reload()
     tags = accumulator.Tags()["scalars"]
     if RETURN_TAG not in tags:
-        warnings.warn(f"{path}: no {RETURN_TAG} logged; skipped")
+        warn(f"{path}: no {RETURN_TAG} logged; skipped")
         return None
     episodes = accumulator.Scalars(RETURN_TAG)
     last_wall_time = max(event.wall_time for tag in tags for event in accumulator.Scalars(tag))
@@ -155,17 +173,25 @@ def group_runs(runs: list[Run], last_episodes: int = 100) -> dict[tuple[str, str
         members.sort(key=lambda run: run.seed)
         seeds = [run.seed for run in members]
         if len(set(seeds)) != len(seeds):
-            warnings.warn(f"{exp_name} on {env_id}: seed logged more than once {seeds}; every run is counted")
+            warn(f"{exp_name} on {env_id}: seed logged more than once {seeds}; every run is counted")
         short = [run.seed for run in members if len(run.returns) < last_episodes]
         if short:
-            warnings.warn(f"{exp_name} on {env_id}: seeds {short} logged fewer than {last_episodes} episodes")
+            warn(f"{exp_name} on {env_id}: seeds {short} logged fewer than {last_episodes} episodes")
+        final_steps = np.array([run.steps[-1] for run in members])
+        if final_steps.min() < MIXED_LENGTHS * final_steps.max():
+            early = [run.seed for run, end in zip(members, final_steps) if end < MIXED_LENGTHS * final_steps.max()]
+            warn(
+                f"{exp_name} on {env_id}: runs of different lengths (last episode at {final_steps.min():,} to "
+                f"{final_steps.max():,} env steps; seeds {early} end early): the curve stops where the shortest run "
+                "ends, and the final scores come from different points of training"
+            )
         groups[(exp_name, env_id)] = Group(
             exp_name=exp_name,
             env_id=env_id,
             seeds=seeds,
             final_scores=np.array([final_score(run.returns, last_episodes) for run in members]),
             runtimes_min=np.array([run.runtime_s / 60 for run in members]),
-            final_steps=np.array([run.steps[-1] for run in members]),
+            final_steps=final_steps,
         )
     return groups
 
@@ -245,7 +271,7 @@ def human_normalized_matrices(
         for env_id in games:
             group = groups[(exp_name, env_id)]
             if len(group.seeds) > num_runs:
-                warnings.warn(f"{exp_name} on {env_id}: using the first {num_runs} seeds for aggregate statistics")
+                warn(f"{exp_name} on {env_id}: using the first {num_runs} seeds for aggregate statistics")
             random_score, human_score = scores_table[atari_game_name(env_id)]
             columns.append(human_normalized_score(group.final_scores[:num_runs], random_score, human_score))
         matrices[exp_name] = (games, np.stack(columns, axis=1))
@@ -327,18 +353,36 @@ def smoothed_curve(run: Run, window: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def learning_curve(runs: list[Run], num_points: int = 200, window: int = 20) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(grid, mean, std) over seeds on a common grid of env steps that every run covers (no extrapolation)."""
+    """(grid, mean, std) over seeds on a common grid of env steps that every run covers (no extrapolation).
+
+    Raises ValueError, saying why, when there is no such range: a run whose episodes all ended at one env step,
+    or runs that share no steps.
+    """
     curves = [smoothed_curve(run, window) for run in runs]
+    too_short = [run.seed for run, (steps, _) in zip(runs, curves) if len(steps) < 2]
+    if too_short:
+        raise ValueError(f"seeds {too_short} logged episodes at fewer than 2 distinct env steps")
     start = max(steps[0] for steps, _ in curves)
     stop = min(steps[-1] for steps, _ in curves)
+    if start >= stop:
+        raise ValueError(
+            f"the runs share no range of env steps (the latest first episode ends at {start:,}, the earliest last at {stop:,})"
+        )
     grid = np.linspace(start, stop, num_points)
     values = np.stack([np.interp(grid, steps, returns) for steps, returns in curves])
     return grid, values.mean(axis=0), values.std(axis=0)
 
 
 def plot_learning_curves(
-    runs: list[Run], exp_names: list[str], env_ids: list[str], path: Path, num_points: int = 200, window: int = 20
+    runs: list[Run],
+    exp_names: list[str],
+    env_ids: list[str],
+    path: Path,
+    num_points: int = 200,
+    window: int = 20,
+    scores_table: dict[str, tuple[float, float]] | None = None,
 ) -> None:
+    """One panel per env id; Atari ids (those in `scores_table`) count agent steps on the x-axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -349,23 +393,39 @@ def plot_learning_curves(
     num_rows = -(-len(env_ids) // num_cols)
     figure, axes = plt.subplots(num_rows, num_cols, figsize=(5 * num_cols, 3.6 * num_rows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    scores_table = load_human_random_scores() if scores_table is None else scores_table
     for ax, env_id in zip(axes.flat, env_ids):
+        drawn = 0
         for i, exp_name in enumerate(exp_names):
             members = [run for run in runs if run.exp_name == exp_name and run.env_id == env_id]
             if not members:
                 continue
-            grid, mean, std = learning_curve(members, num_points, window)
+            try:
+                grid, mean, std = learning_curve(members, num_points, window)
+            except ValueError as reason:
+                warn(f"{exp_name} on {env_id}: no curve drawn: {reason}")
+                continue
             color = colors[i % len(colors)]
-            ax.plot(grid, mean, color=color, label=f"{exp_name} ({len(members)} seeds)")
+            ax.plot(grid, mean, color=color, label=f"{exp_name} ({count(len(members), 'seed')})")
             ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
+            drawn += 1
         ax.set_title(env_id)
-        ax.set_xlabel("env steps")
+        atari = atari_game_name(env_id) in scores_table
+        ax.set_xlabel("agent steps (not frames)" if atari else "env steps")
         ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))  # 200k, 1M: no overlapping labels
         ax.set_ylabel(f"episodic return ({window}-episode mean)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        if drawn:
+            ax.legend(fontsize="small")
+        else:
+            ax.text(0.5, 0.5, "no curve to draw", transform=ax.transAxes, ha="center", va="center", color="gray")
     for ax in axes.flat[len(env_ids) :]:
         ax.set_visible(False)
+    figure.suptitle(
+        f"line: mean over seeds of each run's trailing {window}-episode mean return\n"
+        "band: ± 1 standard deviation over seeds (none for 1 seed)",
+        fontsize="small",
+    )
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
@@ -399,6 +459,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no run with {RETURN_TAG} under {' '.join(map(str, args.runs_dir))}", file=sys.stderr)
         return 1
     exp_names = args.exp_names or list(dict.fromkeys(sorted(run.exp_name for run in runs)))
+    for exp_name in args.exp_names or []:
+        if not any(run.exp_name == exp_name for run in runs):
+            warn(f"requested exp_name {exp_name} has no runs under {' '.join(map(str, args.runs_dir))}; left out")
+    for env_id in args.env_ids or []:
+        if not any(run.env_id == env_id for run in runs):
+            warn(f"requested env id {env_id} has no runs under {' '.join(map(str, args.runs_dir))}; left out")
+    exp_names = [exp_name for exp_name in exp_names if any(run.exp_name == exp_name for run in runs)]
     env_ids = args.env_ids or sorted({run.env_id for run in runs})
     env_ids = [env_id for env_id in env_ids if any(run.env_id == env_id for run in runs)]
     groups = group_runs(runs, args.last_episodes)
@@ -411,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(atari_markdown(matrices, aggregates, args.last_episodes))
     if not args.no_plot:
         curves_path = args.output_dir / f"{args.name}_curves.png"
-        plot_learning_curves(runs, exp_names, env_ids, curves_path, args.num_points, args.smoothing_window)
+        plot_learning_curves(runs, exp_names, env_ids, curves_path, args.num_points, args.smoothing_window, scores_table)
         sections.append(f"Learning curves: `{curves_path}`")
 
     markdown = "\n\n".join(sections) + "\n"

@@ -193,6 +193,95 @@ def test_report_cli_writes_markdown_and_plot(runs_dir, tmp_path):
     assert report.main(["--runs-dir", str(tmp_path / "empty"), "--output-dir", str(out)]) == 1
 
 
+def warning_lines(capsys) -> list[str]:
+    """The report's stderr, which must be whole `warning:` lines."""
+    lines = capsys.readouterr().err.splitlines()
+    assert all(line.startswith("warning: ") for line in lines), lines
+    return lines
+
+
+def run_of(seed, steps, returns=None, exp_name="x", env_id="E"):
+    steps = np.asarray(steps)
+    returns = np.arange(len(steps), dtype=np.float64) if returns is None else np.asarray(returns, dtype=np.float64)
+    return report.Run(env_id, exp_name, seed, Path("."), steps, returns, 0.0)
+
+
+def test_report_warns_about_requested_ids_without_runs(runs_dir, tmp_path, capsys):
+    argv = ["--runs-dir", str(runs_dir), "--output-dir", str(tmp_path), "--no-plot"]
+    argv += ["--env-ids", "CartPole-v1", "Hopper-v4", "--exp-names", "pqn", "dqn"]
+    assert report.main(argv) == 0
+    lines = warning_lines(capsys)
+    assert len(lines) == 2
+    assert lines[0] == f"warning: requested exp_name dqn has no runs under {runs_dir}; left out"
+    assert lines[1] == f"warning: requested env id Hopper-v4 has no runs under {runs_dir}; left out"
+    markdown = (tmp_path / "results.md").read_text()
+    assert "| Environment | pqn |" in markdown and "dqn" not in markdown and "Hopper" not in markdown
+
+
+def test_warns_about_runs_of_mixed_lengths(capsys):
+    # last episodes a little apart (15,000 and 14,200): runs of one length, no warning
+    report.group_runs([run_of(1, np.arange(1, 151) * 100), run_of(2, np.arange(1, 143) * 100)], last_episodes=10)
+    assert warning_lines(capsys) == []
+    # seed 2 stopped at 6,000 of 15,000 steps
+    runs = [run_of(1, np.arange(1, 151) * 100), run_of(2, np.arange(1, 61) * 100), run_of(3, np.arange(1, 151) * 100)]
+    report.group_runs(runs, last_episodes=10)
+    (line,) = warning_lines(capsys)
+    assert line.startswith("warning: x on E: runs of different lengths (last episode at 6,000 to 15,000 env steps; ")
+    assert "seeds [2] end early" in line
+
+
+def test_curves_that_cannot_be_drawn_are_named_and_left_out(tmp_path, capsys, monkeypatch):
+    one_step = run_of(1, [500, 500, 500], exp_name="same_step")  # every episode ended at one env step
+    early = run_of(1, [100, 200, 300], exp_name="apart")
+    late = run_of(2, [400, 500, 600], exp_name="apart")  # shares no steps with seed 1
+    with pytest.raises(ValueError, match="seeds \\[1\\] logged episodes at fewer than 2 distinct env steps"):
+        report.learning_curve([one_step])
+    with pytest.raises(ValueError, match="share no range of env steps"):
+        report.learning_curve([early, late])
+
+    good = run_of(1, np.arange(1, 51) * 100, exp_name="good")
+    figures = capture_figures(monkeypatch)
+    path = tmp_path / "curves.png"
+    report.plot_learning_curves([one_step, early, late, good], ["same_step", "apart", "good"], ["E"], path)
+    assert warning_lines(capsys) == [
+        "warning: same_step on E: no curve drawn: seeds [1] logged episodes at fewer than 2 distinct env steps",
+        "warning: apart on E: no curve drawn: the runs share no range of env steps "
+        "(the latest first episode ends at 400, the earliest last at 300)",
+    ]
+    assert path.exists()
+    (ax,) = figures[0].axes
+    assert [text.get_text() for text in ax.get_legend().get_texts()] == ["good (1 seed)"]
+
+
+def capture_figures(monkeypatch) -> list:
+    """Keeps every figure that is saved, to read its labels."""
+    import matplotlib.figure
+
+    figures, savefig = [], matplotlib.figure.Figure.savefig
+
+    def keep(figure, *args, **kwargs):
+        figures.append(figure)
+        return savefig(figure, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep)
+    return figures
+
+
+def test_figure_labels_seeds_band_and_atari_steps(tmp_path, monkeypatch):
+    runs = [run_of(seed, np.arange(1, 51) * 100, exp_name="a", env_id="CartPole-v1") for seed in (1, 2)]
+    runs += [run_of(1, np.arange(1, 51) * 1000, exp_name="a", env_id="Breakout-v5")]
+    figures = capture_figures(monkeypatch)
+    report.plot_learning_curves(runs, ["a"], ["CartPole-v1", "Breakout-v5"], tmp_path / "c.png", window=5)
+    cartpole, breakout = figures[0].axes[:2]
+    assert [text.get_text() for text in cartpole.get_legend().get_texts()] == ["a (2 seeds)"]
+    assert [text.get_text() for text in breakout.get_legend().get_texts()] == ["a (1 seed)"]
+    assert cartpole.get_xlabel() == "env steps"
+    assert breakout.get_xlabel() == "agent steps (not frames)"
+    caption = figures[0].get_suptitle()
+    assert "mean over seeds of each run's trailing 5-episode mean return" in caption
+    assert "band: ± 1 standard deviation over seeds" in caption
+
+
 # The launched "training script": records the arguments it got in a file named after them.
 RECORD_ARGS = (
     "import pathlib, sys; out = pathlib.Path(sys.argv[1]); "
