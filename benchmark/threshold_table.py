@@ -1,0 +1,101 @@
+"""Per-run table of a side-by-side benchmark: final return, greedy evaluation, first step at a threshold, wall time.
+
+    python benchmark/threshold_table.py --runs-dir runs --env-ids CartPole-v1 Acrobot-v1 \
+        --exp-names dqn_dueling_per iqn sb3_dqn sb3_qrdqn --thresholds 475 -100
+
+Reads the runs as benchmark/report.py does (same run names; final return = mean of the last 100 training episodes;
+wall time = first to last event of the run) and adds, per run, the first agent step at which the mean of the last 100
+training episodes reached the env's threshold ("never" if it did not), and the mean of its `eval/episodic_return`
+episodes where it logged some. Prints markdown: one table per env, per seed and then mean ± std over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+spec = importlib.util.spec_from_file_location("benchmark_report", Path(__file__).with_name("report.py"))
+report = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = report  # dataclasses look their module up here
+spec.loader.exec_module(report)
+
+
+def first_step_at(steps: np.ndarray, returns: np.ndarray, threshold: float, window: int = 100) -> int | None:
+    """The step of the first episode at which the mean of the last `window` episodes is >= threshold (None: never).
+    The mean needs `window` episodes: fewer do not count."""
+    if len(returns) < window:
+        return None
+    cumulative = np.concatenate([[0.0], np.cumsum(returns)])
+    means = (cumulative[window:] - cumulative[:-window]) / window  # means[i]: episodes i .. i + window - 1
+    reached = np.flatnonzero(means >= threshold)
+    return None if len(reached) == 0 else int(steps[reached[0] + window - 1])
+
+
+def eval_mean(path: Path) -> float | None:
+    """Mean of the run's `eval/episodic_return` values; None when it logged none."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    accumulator = ea.EventAccumulator(str(path), size_guidance={ea.SCALARS: 0})
+    accumulator.Reload()
+    if "eval/episodic_return" not in accumulator.Tags()["scalars"]:
+        return None
+    return float(np.mean([event.value for event in accumulator.Scalars("eval/episodic_return")]))
+
+
+def env_table(runs: list, exp_names: list[str], threshold: float, window: int) -> str:
+    header = ["Algorithm", "Seed", f"Return (last {window})", "Greedy eval", f"First {threshold:g}", "Wall time (min)"]
+    rows = []
+    for exp_name in exp_names:
+        members = sorted((run for run in runs if run.exp_name == exp_name), key=lambda run: run.seed)
+        if not members:
+            continue
+        finals = np.array([report.final_score(run.returns, window) for run in members])
+        evals = [eval_mean(run.path) for run in members]
+        firsts = [first_step_at(run.steps, run.returns, threshold, window) for run in members]
+        minutes = np.array([run.runtime_s / 60 for run in members])
+        for run, final, score, first, minute in zip(members, finals, evals, firsts, minutes):
+            shown = "-" if score is None else f"{score:.1f}"
+            rows.append(
+                [exp_name, str(run.seed), f"{final:.1f}", shown, "never" if first is None else f"{first:,}", f"{minute:.1f}"]
+            )
+        known = [score for score in evals if score is not None]
+        reached = [first for first in firsts if first is not None]
+        rows.append(
+            [
+                f"**{exp_name}**",
+                f"**{len(members)} seeds**",
+                f"**{finals.mean():.1f} ± {finals.std():.1f}**",
+                f"{np.mean(known):.1f} ± {np.std(known):.1f}" if known else "-",
+                f"{len(reached)}/{len(members)}" + (f", median {int(np.median(reached)):,}" if reached else ""),
+                f"{minutes.mean():.1f} ± {minutes.std():.1f}",
+            ]
+        )
+    return report.markdown_table(header, rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="threshold_table.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs-dir", nargs="+", type=Path, default=[Path("runs")], help="searched recursively")
+    parser.add_argument("--env-ids", nargs="+", required=True, help="env ids, one table each")
+    parser.add_argument("--thresholds", nargs="+", type=float, required=True, help="one return threshold per env id")
+    parser.add_argument("--exp-names", nargs="+", required=True, help="exp_names, in row order")
+    parser.add_argument("--last-episodes", type=int, default=100, help="episodes of the final return and of the mean")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if len(args.thresholds) != len(args.env_ids):
+        parser.error(f"--thresholds: {len(args.thresholds)} given for {len(args.env_ids)} --env-ids; give one per env id")
+    runs = report.load_runs(args.runs_dir, args.exp_names, args.env_ids)
+    if not runs:
+        print(f"error: no run of {' '.join(args.exp_names)} under {' '.join(map(str, args.runs_dir))}", file=sys.stderr)
+        return 1
+    for env_id, threshold in zip(args.env_ids, args.thresholds):
+        table = env_table([run for run in runs if run.env_id == env_id], args.exp_names, threshold, args.last_episodes)
+        print(f"### {env_id}\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
