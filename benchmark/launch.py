@@ -1,4 +1,4 @@
-"""Run one training command for every (env id, seed) pair, a few at a time.
+"""Run one training command for every (env id, seed) pair: here a few at a time, or on a Ray cluster or Slurm.
 
     python benchmark/launch.py --env-ids CartPole-v1 Acrobot-v1 --seeds 1 2 3 --workers 2 -- \
         python cleanrl/pqn.py --no-track
@@ -6,21 +6,45 @@
 Everything after `--` is the command; `--env-id E --seed S` is appended to it for each pair. Runs are ordered
 seed-major (seed 1 of every env first), so a benchmark stopped halfway still covers every env. Each run's
 output is echoed line by line with an `[env seed]` prefix and, with `--log-dir`, also saved to a file. The
-launcher prints a summary and exits with status 1 if any run failed.
+launcher prints a summary and exits with status 1 if any run failed (2 if it could not start at all).
+
+`--backend ray` runs every pair as a Ray task with `--cpus-per-run`/`--gpus-per-run` on the cluster at
+`--ray-address` (default: a new local one); `--backend slurm` submits them as a Slurm job array through submitit.
+With `--output-dir` (the default for both), each pair runs in its own directory `<output-dir>/<exp>/<env>__<seed>/`,
+which holds its `runs/<run name>/` and its `console.log`. A run that fails, or whose node dies, is retried up to
+`--max-retries` times, and a retry resumes from the run's checkpoint (`--checkpoint-every` is passed on); a Slurm
+job that is preempted or reaches `--time` stops its run with a checkpoint and is requeued to resume it. Running the
+same command again skips the runs that finished and resumes the others. docs/cluster.md has the details.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
+import re
 import shlex
+import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, NoReturn
+
+BACKENDS = ("local", "ray", "slurm")
+EXTRA = {"ray": "ray", "slurm": "submitit"}
+DEFAULT_OUTPUT_DIR = "cluster-runs"  # of the ray and slurm backends; the local backend runs in the current directory
+FRESH_RESUME = "--resume-fresh-envs"  # how the cluster backends resume: new games, at a cost independent of the step
+# A run stopped by SIGINT or SIGTERM (after writing its checkpoint) exits with 128 + the signal's number; one killed
+# by it before the script could answer has the negative number. Either way it was asked to stop: no retry.
+STOP_CODES = {128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM}
+RETURN_TAG, LAST_EPISODES = "charts/episodic_return", 100
+# Slurm: how often one run may be cut by --time and requeued (submitit's max_num_timeout); each piece resumes.
+MAX_TIMEOUTS = 100
 
 
 @dataclass
@@ -28,109 +52,519 @@ class Job:
     env_id: str
     seed: int
     command: list[str]
+    workdir: str | None = None
+    """the run's own working directory (its runs/ and console.log); None: the launcher's directory, as before"""
+    log_path: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    """environment variables added to the command's (WANDB_RUN_GROUP)"""
     returncode: int | None = None
     seconds: float = 0.0
+    attempts: int = 0
+    final_return: float | None = None
+    note: str = ""
+    """what happened instead of a run: "finished before", "already running", "lost: NodeDiedError", ..."""
 
     @property
     def label(self) -> str:
         return f"{self.env_id} seed {self.seed}"
 
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    @property
+    def status(self) -> str:
+        if self.returncode is None:
+            return self.note or "not run"
+        if self.returncode == 0:
+            return "ok" + (f" ({self.note})" if self.note else "")
+        return f"{'stopped' if self.returncode in STOP_CODES else 'FAILED'} (exit {self.returncode})"
+
+
+def fail(message: str) -> NoReturn:
+    """Stops the launcher, before any run started, with one line."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, as every other error of the launcher
+        fail(message)
+
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Splits argv at the first `--` into launcher options and the command to launch."""
-    if "--" not in argv:
-        raise SystemExit("error: missing `-- <command...>`: put the training command after a lone `--`")
-    split = argv.index("--")
+    if "--" not in argv and not {"-h", "--help"} & set(argv):
+        fail("missing `-- <command...>`: put the training command after a lone `--`")
+    split = argv.index("--") if "--" in argv else len(argv)
     command = argv[split + 1 :]
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="launch.py",
-        description="Run `<command> --env-id E --seed S` for every env id and seed, N at a time.",
-        usage="%(prog)s --env-ids ID [ID ...] --seeds S [S ...] [--workers N] [--log-dir DIR] [--dry-run] -- command...",
+        description="Run `<command> --env-id E --seed S` for every env id and seed: locally, on Ray or on Slurm.",
+        usage="%(prog)s --env-ids ID [ID ...] --seeds S [S ...] [--backend {local,ray,slurm}] [options] -- command...",
     )
     parser.add_argument("--env-ids", nargs="+", required=True, help="environment ids, passed as --env-id")
     parser.add_argument("--seeds", nargs="+", type=int, required=True, help="seeds, passed as --seed")
-    parser.add_argument("--workers", type=int, default=1, help="how many runs execute at the same time")
+    parser.add_argument("--backend", choices=BACKENDS, default="local", help="where the runs execute (default: local)")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="local: how many runs execute at the same time (ray and slurm: as many as "
+        "the resources allow)"
+    )  # fmt: skip
     parser.add_argument("--log-dir", type=Path, default=None, help="also save each run's output to DIR/<env>__<seed>.log")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands and run nothing")
+    parser.add_argument("--dry-run", action="store_true", help="print what would run (for slurm the sbatch script)")
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=None,
+        help=f"run each pair in OUTPUT_DIR/<exp>/<env>__<seed>/ (ray, slurm: default {DEFAULT_OUTPUT_DIR}; local: "
+        "default the current directory, without retries)",
+    )
+    parser.add_argument(
+        "--max-retries", type=int, default=None, help="retries of a failed run, each resuming its checkpoint (default: "
+        "0 local, 2 ray and slurm)"
+    )  # fmt: skip
+    parser.add_argument("--checkpoint-every", type=int, default=None, help="passed on to the command as --checkpoint-every")
+    parser.add_argument(
+        "--resume-args",
+        default=None,
+        help="flags added when a run resumes its checkpoint (default: --resume-fresh-envs on ray and slurm, whose resume "
+        "costs the same at any step; none locally). --resume-args= resumes by replaying the logged actions (exact)",
+    )
+    parser.add_argument("--wandb-group", default=None, help="W&B group of the runs (WANDB_RUN_GROUP), with --track")
+    parser.add_argument("--cpus-per-run", type=int, default=1, help="ray, slurm: CPU cores of one run (default 1)")
+    parser.add_argument("--gpus-per-run", type=float, default=0, help="ray, slurm: GPUs of one run (default 0)")
+    parser.add_argument("--mem-gb", type=float, default=None, help="ray, slurm: RAM of one run in GB")
+    parser.add_argument("--ray-address", default=None, help="ray: the cluster, e.g. auto or HOST:6379 (default: start one)")
+    parser.add_argument("--partition", default=None, help="slurm: the partition")
+    parser.add_argument("--time", default="1-00:00:00", help="slurm: time limit of one job (MINUTES or D-HH:MM:SS)")
+    parser.add_argument(
+        "--slurm-option", action="append", default=[], metavar="KEY=VALUE", help="slurm: any other sbatch option, e.g. "
+        "account=rl (repeatable)"
+    )  # fmt: skip
     args = parser.parse_args(argv[:split])
     if not command:
-        parser.error("the command after `--` is empty")
-    if args.workers < 1:
-        parser.error(f"--workers={args.workers}: must be at least 1")
+        fail("the command after `--` is empty")
+    for flag in ("workers", "max_retries", "checkpoint_every", "cpus_per_run"):
+        value, least = getattr(args, flag), 0 if flag in ("max_retries", "checkpoint_every") else 1
+        if value is not None and value < least:
+            fail(f"--{flag.replace('_', '-')}={value}: must be at least {least}")
+    if args.gpus_per_run < 0:
+        fail(f"--gpus-per-run={args.gpus_per_run}: must be at least 0")
+    if args.mem_gb is not None and args.mem_gb <= 0:
+        fail(f"--mem-gb={args.mem_gb}: must be more than 0")
+    if args.backend != "local" and args.output_dir is None:
+        args.output_dir = Path(DEFAULT_OUTPUT_DIR)
+    if args.max_retries is None:
+        args.max_retries = 0 if args.backend == "local" else 2
+    if args.max_retries > 0 and args.output_dir is None:
+        fail(f"--max-retries={args.max_retries}: needs --output-dir, where a retry finds the run's checkpoint")
+    args.time_min = slurm_minutes(args.time)
     return args, command
 
 
-def make_jobs(env_ids: list[str], seeds: list[int], command: list[str]) -> list[Job]:
-    return [Job(env_id, seed, [*command, "--env-id", env_id, "--seed", str(seed)]) for seed in seeds for env_id in env_ids]
+def slurm_minutes(limit: str) -> int:
+    """Minutes (rounded up) of a Slurm time limit: MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS or
+    DAYS-HOURS[:MINUTES[:SECONDS]]."""
+    if not re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}", limit):
+        fail(f"--time={limit}: must be MINUTES, HH:MM:SS or D-HH:MM:SS")
+    days, clock = limit.split("-") if "-" in limit else ("0", limit)
+    parts = [int(part) for part in clock.split(":")]
+    if "-" in limit:
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    elif len(parts) == 3:
+        hours, minutes, seconds = parts
+    else:
+        hours, minutes, seconds = 0, parts[0], (parts + [0])[1]
+    return int(days) * 1440 + hours * 60 + minutes + (seconds > 0)
 
 
-def run_job(job: Job, log_dir: Path | None, print_lock: threading.Lock) -> Job:
-    """Runs one job to completion, echoing its output with a prefix; records exit code and duration."""
-    prefix = f"[{job.env_id} {job.seed}] "
-    log_file = None
-    if log_dir is not None:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        log_file = open(log_dir / f"{job.env_id}__{job.seed}.log", "w")
-    start = time.time()
-    try:
+def experiment_name(command: list[str]) -> str:
+    """The command's --exp-name, else the script's name: the scripts' default exp_name."""
+    for i, arg in enumerate(command):
+        if arg in ("--exp-name", "--exp_name") and i + 1 < len(command):
+            return command[i + 1]
+        if arg.startswith(("--exp-name=", "--exp_name=")):
+            return arg.split("=", 1)[1]
+    scripts = [Path(arg).stem for arg in command if arg.endswith(".py")]
+    return scripts[0] if scripts else "run"
+
+
+def make_jobs(env_ids: list[str], seeds: list[int], command: list[str], args: argparse.Namespace | None = None) -> list[Job]:
+    """One job per (env id, seed), seed-major. With args.output_dir, each job gets its own working directory, and
+    the command's files (the script) are given by absolute path, as the run starts there."""
+    extra, output_dir = [], None
+    if args is not None and args.checkpoint_every is not None:
+        extra = ["--checkpoint-every", str(args.checkpoint_every)]
+    if args is not None and args.output_dir is not None:
+        output_dir = args.output_dir.resolve() / experiment_name(command)
+        command = [os.path.abspath(arg) if not arg.startswith("-") and os.path.isfile(arg) else arg for arg in command]
+    env = {"WANDB_RUN_GROUP": args.wandb_group} if args is not None and args.wandb_group else {}
+    jobs = []
+    for seed in seeds:
+        for env_id in env_ids:
+            job = Job(env_id, seed, [*command, "--env-id", env_id, "--seed", str(seed), *extra], env=dict(env))
+            if output_dir is not None:
+                job.workdir = str(output_dir / f"{env_id}__{seed}")
+                job.log_path = f"{job.workdir}/console.log"
+            if args is not None and args.log_dir is not None:
+                job.log_path = str(args.log_dir.resolve() / f"{env_id}__{seed}.log")
+            jobs.append(job)
+    return jobs
+
+
+# ----- one run, with retries: what every backend executes for a job ---------------------------------------------------
+
+
+def run_dirs(workdir: str) -> list[Path]:
+    """The run directories the script made under workdir/runs (set aside ones end in .failed)."""
+    runs = Path(workdir, "runs")
+    return sorted(p for p in runs.iterdir() if p.is_dir() and not p.name.endswith(".failed")) if runs.is_dir() else []
+
+
+def find_checkpoint(workdir: str) -> Path | None:
+    """The newest checkpoint.pt of the job's run (the job's directory holds one run, resumed in place)."""
+    checkpoints = [d / "checkpoint.pt" for d in run_dirs(workdir) if (d / "checkpoint.pt").is_file()]
+    return max(checkpoints, key=lambda p: p.stat().st_mtime) if checkpoints else None
+
+
+def final_return(workdir: str) -> float | None:
+    """Mean true score (`charts/episodic_return`) of the run's last 100 training episodes, read from its TensorBoard
+    events, as benchmark/report.py's final performance. The events an interrupted attempt logged after its last
+    checkpoint are purged (the resumed attempt logged those steps again)."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    runs = run_dirs(workdir)
+    if not runs:
+        return None
+    accumulator = ea.EventAccumulator(str(runs[-1]), size_guidance={ea.SCALARS: 0}, purge_orphaned_data=True)
+    accumulator.Reload()
+    if RETURN_TAG not in accumulator.Tags()["scalars"]:
+        return None
+    last = [event.value for event in accumulator.Scalars(RETURN_TAG)][-LAST_EPISODES:]
+    return sum(last) / len(last)
+
+
+class Attempt:
+    """One execution of a command: its output goes to the console (prefixed) and the log; `stop` signals it."""
+
+    def __init__(self, command: list[str], job: Job, backend: str):
+        def child_setup():
+            if backend == "slurm":  # Slurm's warning signal (USR2) reaches every process of the job: the run must not
+                signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # die of it; SlurmRun.checkpoint stops it with SIGTERM
+            if backend == "ray":  # the run dies with the task's process (kill -9, a lost node), so that a retried task
+                import ctypes  # never runs next to a left-over copy of the run
+
+                ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
         # PYTHONUNBUFFERED: a Python child writing to a pipe would otherwise hold its progress lines back.
-        with subprocess.Popen(
-            job.command,
+        self.process = subprocess.Popen(
+            command,
+            cwd=job.workdir,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             bufsize=1,
             errors="replace",
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        ) as process:
-            for line in process.stdout:
-                with print_lock:
-                    print(prefix + line, end="", flush=True)
-                if log_file is not None:
-                    log_file.write(line)
-        job.returncode = process.returncode
-    except OSError as error:  # the program itself could not be started
-        with print_lock:
-            print(f"{prefix}could not start: {error}", flush=True)
-        job.returncode = 127
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **job.env},
+            preexec_fn=None if backend == "local" else child_setup,
+        )
+        self.pump = threading.Thread(target=self._pump, args=(job,), daemon=True)
+        self.pump.start()
+
+    def _pump(self, job: Job) -> None:
+        for line in self.process.stdout:
+            echo(job, line)
+        self.process.wait()
+
+    def wait(self) -> int:
+        while self.pump.is_alive():  # in short joins, so that this thread stays free to answer signals
+            self.pump.join(0.5)
+        return self.process.returncode
+
+    def stop(self) -> None:
+        """SIGTERM, as a scheduler would: the run writes its checkpoint and exits."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        self.wait()
+
+
+def echo(job: Job, text: str) -> None:
+    # One write call per line: lines of runs echoed at the same time do not mix (and no lock is needed, which a Ray
+    # task or a Slurm job could not be sent with).
+    sys.stdout.write(f"[{job.env_id} {job.seed}] {text}")
+    sys.stdout.flush()
+    if job.log_path is not None:
+        with open(job.log_path, "a") as log:
+            log.write(text)
+
+
+def run_with_retries(
+    job: Job,
+    max_retries: int = 0,
+    resume_args: tuple[str, ...] = (),
+    backend: str = "local",
+    started: Callable[[Attempt], None] = lambda attempt: None,
+) -> Job:
+    """Runs the job's command in its working directory until it succeeds, is stopped by a signal, or has failed
+    1 + max_retries times. Every start after the first checkpoint resumes it (`--resume PATH`, then resume_args),
+    also a start by a new process (a requeued Slurm job, a Ray task retried after its node died); a run directory
+    left without checkpoint is set aside (renamed *.failed) and the run starts over. Returns the job with its exit
+    code, attempts, seconds and final return."""
+    start, lock = time.time(), None
+    if job.workdir is not None:
+        Path(job.workdir).mkdir(parents=True, exist_ok=True)
+        if Path(job.workdir, "finished").exists():
+            job.returncode, job.note, job.final_return = 0, "finished before", final_return(job.workdir)
+            return job
+        lock = open(Path(job.workdir, ".lock"), "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            job.note = f"already running (another launcher holds {job.workdir}/.lock)"
+            return job
+        except OSError:  # a file system without locks: go on unguarded
+            pass
+    if job.log_path is not None:  # a new log for a new run; a resumed one (a retry, a requeued job) appends to it
+        Path(job.log_path).parent.mkdir(parents=True, exist_ok=True)
+        if job.workdir is None or find_checkpoint(job.workdir) is None:
+            open(job.log_path, "w").close()
+    try:
+        for attempt in range(1 + max_retries):
+            command, checkpoint = job.command, find_checkpoint(job.workdir) if job.workdir else None
+            if checkpoint is not None:
+                command = [*job.command, "--resume", str(checkpoint), *resume_args]
+            elif job.workdir is not None:
+                for stale in run_dirs(job.workdir):
+                    stale.rename(stale.with_name(stale.name + ".failed"))
+            if attempt > 0 or checkpoint is not None:
+                echo(job, f"== attempt {attempt + 1} of {1 + max_retries}: {shlex.join(command)}\n")
+            job.attempts += 1
+            try:
+                running = Attempt(command, job, backend)
+            except OSError as error:  # the program itself could not be started
+                echo(job, f"could not start: {error}\n")
+                job.returncode = 127
+                break
+            started(running)
+            job.returncode = running.wait()
+            if job.returncode == 0 or job.returncode in STOP_CODES:
+                break
+        if job.workdir is not None:
+            if job.ok:
+                Path(job.workdir, "finished").touch()
+            job.final_return = final_return(job.workdir)
     finally:
-        if log_file is not None:
-            log_file.close()
-    job.seconds = time.time() - start
+        job.seconds += time.time() - start
+        if lock is not None:
+            lock.close()
     return job
 
 
-def print_summary(jobs: list[Job]) -> None:
-    print("\nSummary")
-    for job in jobs:
-        if job.returncode is None:
-            status = "not run"
-        else:
-            status = "ok" if job.returncode == 0 else f"FAILED (exit {job.returncode})"
-        print(f"  {job.label:<36} {job.seconds / 60:8.2f} min  {status}")
-    failed = sum(job.returncode != 0 for job in jobs)
-    print(f"{len(jobs) - failed}/{len(jobs)} runs succeeded" + (f", {failed} failed" if failed else ""))
+# ----- the three backends ------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
-    args, command = parse_args(sys.argv[1:] if argv is None else argv)
-    jobs = make_jobs(args.env_ids, args.seeds, command)
-    if args.dry_run:
-        for job in jobs:
-            print(shlex.join(job.command))
-        return 0
+def run_local(jobs: list[Job], args: argparse.Namespace, options: dict) -> list[Job]:
     print(f"Launching {len(jobs)} runs, {args.workers} at a time")
-    print_lock = threading.Lock()
     pool = ThreadPoolExecutor(max_workers=args.workers)
     try:
-        list(pool.map(lambda job: run_job(job, args.log_dir, print_lock), jobs))
+        list(pool.map(lambda job: run_with_retries(job, **options), jobs))
     except KeyboardInterrupt:
         # Ctrl-C already reached the running children (same process group); start no queued run.
         print("\nInterrupted: waiting for the running runs to stop, starting no new ones")
         pool.shutdown(wait=True, cancel_futures=True)
     pool.shutdown()
+    return jobs
+
+
+def import_extra(backend: str):
+    """The backend's package, or one line saying how to install it."""
+    try:
+        return __import__(EXTRA[backend])
+    except ImportError:
+        fail(f'--backend {backend} needs the cluster extra: pip install -e ".[cluster]"')
+
+
+def check_ray_address(address: str | None) -> None:
+    """A HOST:PORT (or ray://HOST:PORT) that nothing answers at fails here in seconds, not in ray.init's minutes."""
+    if address in (None, "auto", "local"):
+        return
+    match = re.fullmatch(r"(?:ray://)?\[?([^\]\s]+?)\]?:(\d+)", address)
+    if match is None:
+        fail(f"--ray-address={address}: must be auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((match[1], int(match[2])), timeout=5).close()
+    except OSError as error:
+        fail(f"--ray-address={address}: no Ray cluster answers there ({error}); start one with `ray start --head`")
+
+
+def ray_options(args: argparse.Namespace) -> dict:
+    options = dict(num_cpus=args.cpus_per_run, num_gpus=args.gpus_per_run, max_retries=args.max_retries)
+    return options | ({"memory": int(args.mem_gb * 1e9)} if args.mem_gb else {})
+
+
+def run_ray(jobs: list[Job], args: argparse.Namespace, options: dict) -> list[Job]:
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # echo every line of every run, as the local backend
+    ray = import_extra("ray")
+    check_ray_address(args.ray_address)
+    try:
+        ray.init(address=args.ray_address, logging_level="WARNING")
+    except (ConnectionError, ValueError, RuntimeError) as error:
+        hint = (
+            "" if os.environ.get("RAY_AUTH_MODE") else " (a cluster with token authentication also needs RAY_AUTH_MODE=token)"
+        )
+        fail(f"--ray-address={args.ray_address}: {str(error).splitlines()[0]}{hint}")
+    # Ray retries a task whose worker or node died (max_retries); the task itself retries a run that failed.
+    remote = ray.remote(run_with_retries).options(**ray_options(args))
+    print(f"Launching {len(jobs)} runs on Ray ({ray.cluster_resources().get('CPU', 0):.0f} CPUs in the cluster)")
+    refs, done = [remote.remote(job, **options) for job in jobs], list(jobs)
+    pending = list(refs)
+    try:
+        while pending:
+            (ref,), pending = ray.wait(pending, num_returns=1)
+            index = refs.index(ref)
+            try:
+                done[index] = ray.get(ref)
+            except Exception as error:  # the task's retries are spent: its node died or the task failed
+                done[index].note = f"lost: {type(error).__name__}"
+                echo(done[index], f"lost: {str(error).splitlines()[0]}\n")
+    except KeyboardInterrupt:
+        print("\nInterrupted: the unfinished runs resume from their checkpoints when this command runs again")
+    finally:
+        ray.shutdown()
+    return done
+
+
+class SlurmRun:
+    """One run as a submitit job. When Slurm warns of preemption or of the time limit (USR2, `--signal`), submitit
+    calls `checkpoint`: the run is stopped with SIGTERM, writes its checkpoint, and the returned submission is
+    requeued; started again, `run_with_retries` resumes the checkpoint."""
+
+    def __init__(self, job: Job, options: dict):
+        self.job, self.options, self.attempt = job, options, None
+
+    def __call__(self) -> Job:
+        return run_with_retries(self.job, **self.options, started=self._started)
+
+    def _started(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+
+    def checkpoint(self):
+        import submitit
+
+        if self.attempt is not None:
+            self.attempt.stop()
+        return submitit.helpers.DelayedSubmission(SlurmRun(self.job, self.options))
+
+    def __getstate__(self):
+        return {"job": self.job, "options": self.options, "attempt": None}
+
+
+def slurm_parameters(args: argparse.Namespace, jobs: list[Job]) -> dict:
+    """submitit's SlurmExecutor parameters (sbatch's names) of the job array."""
+    extra = dict(option.split("=", 1) for option in args.slurm_option if "=" in option)
+    if len(extra) != len(args.slurm_option):
+        fail(f"--slurm-option={args.slurm_option}: each must be KEY=VALUE, e.g. account=rl")
+    if args.gpus_per_run != int(args.gpus_per_run):
+        fail(f"--gpus-per-run={args.gpus_per_run}: Slurm gives whole GPUs")
+    params = dict(
+        job_name=f"launch-{experiment_name(jobs[0].command)}",
+        partition=args.partition,
+        time=args.time_min,
+        cpus_per_task=args.cpus_per_run,
+        gpus_per_node=int(args.gpus_per_run) if args.gpus_per_run else None,
+        mem=f"{args.mem_gb:g}GB" if args.mem_gb else None,
+        signal_delay_s=120,  # USR2 two minutes before the limit: time to write a checkpoint
+        stderr_to_stdout=True,
+        additional_parameters=extra or None,
+    )
+    return {key: value for key, value in params.items() if value is not None}
+
+
+def sbatch_script(args: argparse.Namespace, jobs: list[Job]) -> str:
+    """The sbatch file submitit writes for the array (its own generator; shown by --dry-run)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    folder = args.output_dir.resolve() / "submitit" / "%j"
+    command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    return _make_sbatch_string(command=command, folder=folder, map_count=len(jobs), **slurm_parameters(args, jobs))
+
+
+def run_slurm(jobs: list[Job], args: argparse.Namespace, options: dict) -> list[Job]:
+    submitit = import_extra("slurm")
+    try:
+        executor = submitit.SlurmExecutor(folder=args.output_dir.resolve() / "submitit" / "%j", max_num_timeout=MAX_TIMEOUTS)
+    except RuntimeError as error:
+        fail(f"--backend slurm: {error}")
+    executor.update_parameters(**slurm_parameters(args, jobs))
+    with executor.batch():
+        submitted = [executor.submit(SlurmRun(job, options)) for job in jobs]
+    print(f"Submitted {len(jobs)} runs as Slurm array {submitted[0].job_id.split('_')[0]}; waiting for them")
+    print("(Ctrl-C stops the waiting, not the jobs; logs in each run's console.log and in submitit/)")
+    return wait_for_submitit(jobs, submitted)
+
+
+def wait_for_submitit(jobs: list[Job], submitted: list) -> list[Job]:
+    """The finished jobs, in order; a job that raised, or that submitit gave up on, is marked lost."""
+    done = list(jobs)
+    for index, handle in enumerate(submitted):
+        try:
+            done[index] = handle.result()
+        except KeyboardInterrupt:
+            print("\nStopped waiting; the jobs go on")
+            for job in done[index:]:
+                job.note = "left running on Slurm"
+            break
+        except Exception as error:
+            done[index].note = f"lost: {type(error).__name__}"
+            echo(done[index], f"lost: {str(error).strip().splitlines()[-1]}\n")
+    return done
+
+
+# ----- dry run, summary, main --------------------------------------------------------------------------------------
+
+
+def print_dry_run(jobs: list[Job], args: argparse.Namespace) -> None:
+    if args.backend == "ray":
+        print(f"ray: {len(jobs)} tasks on {args.ray_address or 'a new local cluster'}, each {ray_options(args)}")
+    if args.backend == "slurm":
+        import_extra("slurm")
+        print(f"slurm: one array of {len(jobs)} jobs, submitit parameters {slurm_parameters(args, jobs)}")
+        print(sbatch_script(args, jobs))
+    for job in jobs:
+        where = f"(in {job.workdir}) " if job.workdir else ""
+        env = "".join(f"{key}={shlex.quote(value)} " for key, value in job.env.items())
+        print(f"{where}{env}{shlex.join(job.command)}")
+
+
+def print_summary(jobs: list[Job]) -> None:
+    print("\nSummary")
+    print(f"  {'run':<36} {'status':<24} {'tries':>5} {'wall time':>12} {'final return':>13}")
+    for job in jobs:
+        score = "-" if job.final_return is None else f"{job.final_return:.2f}"
+        print(f"  {job.label:<36} {job.status:<24} {job.attempts:>5} {job.seconds / 60:8.2f} min {score:>13}")
+    failed = sum(not job.ok for job in jobs)
+    print(f"{len(jobs) - failed}/{len(jobs)} runs succeeded" + (f", {failed} failed" if failed else ""))
+    if any(job.final_return is not None for job in jobs):
+        print(f"final return: mean {RETURN_TAG} of the last {LAST_EPISODES} training episodes")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, command = parse_args(sys.argv[1:] if argv is None else argv)
+    jobs = make_jobs(args.env_ids, args.seeds, command, args)
+    if args.dry_run:
+        print_dry_run(jobs, args)
+        return 0
+    resume_args = args.resume_args if args.resume_args is not None else "" if args.backend == "local" else FRESH_RESUME
+    options = dict(max_retries=args.max_retries, resume_args=tuple(shlex.split(resume_args)), backend=args.backend)
+    if args.backend == "ray":
+        jobs = run_ray(jobs, args, options)
+    elif args.backend == "slurm":
+        jobs = run_slurm(jobs, args, options)
+    else:
+        jobs = run_local(jobs, args, options)
     print_summary(jobs)
-    return 0 if all(job.returncode == 0 for job in jobs) else 1
+    return 0 if all(job.ok for job in jobs) else 1
 
 
 if __name__ == "__main__":

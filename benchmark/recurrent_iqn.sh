@@ -9,11 +9,15 @@ WORKERS=${WORKERS:-2}
 SEEDS=${SEEDS:-"1 2 3 4 5"}
 ATARI_SEEDS=${ATARI_SEEDS:-"1"}  # the article reports one run per game
 if [ "${TRACK:-1}" = 1 ]; then TRACK_FLAG="--track --wandb-project-name cleanrl-q"; else TRACK_FLAG="--no-track"; fi
+# LAUNCHER_ARGS go to every launch.py call, e.g. LAUNCHER_ARGS="--backend ray --ray-address auto", ATARI_LAUNCHER_ARGS
+# only to the Atari ones, e.g. ATARI_LAUNCHER_ARGS="--gpus-per-run 1 --cpus-per-run 8 --mem-gb 12" (docs/cluster.md);
+# with --track the runs form the W&B group recurrent_iqn.
+LAUNCH="python benchmark/launch.py --wandb-group recurrent_iqn ${LAUNCHER_ARGS:-}"
 
 # recurrent_iqn.py: CartPole with the velocities hidden (the default) and with full observations.
-python benchmark/launch.py --env-ids CartPole-v1 --seeds $SEEDS --workers "$WORKERS" -- \
+$LAUNCH --env-ids CartPole-v1 --seeds $SEEDS --workers "$WORKERS" -- \
     python cleanrl/recurrent_iqn.py $TRACK_FLAG
-python benchmark/launch.py --env-ids CartPole-v1 --seeds $SEEDS --workers "$WORKERS" -- \
+$LAUNCH --env-ids CartPole-v1 --seeds $SEEDS --workers "$WORKERS" -- \
     python cleanrl/recurrent_iqn.py $TRACK_FLAG --no-mask-velocity --exp-name recurrent_iqn_full_obs
 
 if [ "${ATARI:-1}" = 1 ]; then
@@ -26,6 +30,6 @@ if [ "${ATARI:-1}" = 1 ]; then
         RoadRunner-v5 Robotank-v5 Seaquest-v5 Skiing-v5 Solaris-v5 SpaceInvaders-v5 StarGunner-v5 Surround-v5
         Tennis-v5 TimePilot-v5 Tutankham-v5 UpNDown-v5 Venture-v5 VideoPinball-v5 WizardOfWor-v5
         YarsRevenge-v5 Zaxxon-v5"
-    python benchmark/launch.py --env-ids $GAMES --seeds $ATARI_SEEDS --workers "$WORKERS" -- \
+    $LAUNCH ${ATARI_LAUNCHER_ARGS:-} --env-ids $GAMES --seeds $ATARI_SEEDS --workers "$WORKERS" -- \
         python cleanrl/recurrent_iqn_atari.py $TRACK_FLAG --save-model --eval-episodes 100
 fi
