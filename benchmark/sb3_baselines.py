@@ -21,6 +21,7 @@ try:
     from sb3_contrib import QRDQN
     from stable_baselines3 import DQN
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.monitor import Monitor
 except ImportError as error:
     raise SystemExit(f'error: {error.name} is missing; install the sb3 extra: pip install -e ".[sb3]"')
@@ -165,6 +166,7 @@ def main(args: argparse.Namespace) -> str:
 
     env = Monitor(gym.make(args.env_id))  # Monitor sums the raw rewards of each episode into info["episode"]
     model = ALGOS[args.algo]("MlpPolicy", env, seed=args.seed, device="cpu", verbose=0, **kwargs)
+    model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's own logger would leave an empty /tmp/SB3-* folder
     model.learn(total_timesteps=args.total_timesteps, callback=EpisodeLogger(writer, args.total_timesteps))
     if args.eval_episodes:
         scores = evaluate(model, args.env_id, args.eval_episodes, seed=args.seed + 1)
