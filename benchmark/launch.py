@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import importlib.util
 import os
 import re
 import shlex
@@ -227,21 +228,24 @@ def find_checkpoint(workdir: str) -> Path | None:
     return max(checkpoints, key=lambda p: p.stat().st_mtime) if checkpoints else None
 
 
-def final_return(workdir: str) -> float | None:
-    """Mean true score (`charts/episodic_return`) of the run's last 100 training episodes, read from its TensorBoard
-    events, as benchmark/report.py's final performance. The events an interrupted attempt logged after its last
-    checkpoint are purged (the resumed attempt logged those steps again)."""
-    from tensorboard.backend.event_processing import event_accumulator as ea
+def load_report():
+    """benchmark/report.py, the script beside this one (not a package): the launcher reads a run as its tables do."""
+    spec = importlib.util.spec_from_file_location("benchmark_report", Path(__file__).with_name("report.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
 
+
+def final_return(workdir: str) -> float | None:
+    """The run's final return as benchmark/report.py's tables give it: the mean true score of its last 100 training
+    episodes, where what an interrupted attempt logged after its last checkpoint is not counted twice."""
     runs = run_dirs(workdir)
     if not runs:
         return None
-    accumulator = ea.EventAccumulator(str(runs[-1]), size_guidance={ea.SCALARS: 0}, purge_orphaned_data=True)
-    accumulator.Reload()
-    if RETURN_TAG not in accumulator.Tags()["scalars"]:
-        return None
-    last = [event.value for event in accumulator.Scalars(RETURN_TAG)][-LAST_EPISODES:]
-    return sum(last) / len(last)
+    report = load_report()
+    run = report.read_run(runs[-1])
+    return None if run is None else report.final_score(run.returns, LAST_EPISODES)
 
 
 class Attempt:

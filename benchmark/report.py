@@ -28,12 +28,13 @@ import csv
 import re
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 RETURN_TAG = "charts/episodic_return"
+EVAL_TAG = "eval/episodic_return"
 RUN_NAME = re.compile(r"^(?P<env_id>.+?)__(?P<exp_name>.+)__(?P<seed>-?\d+)__(?P<timestamp>\d+)$")
 HUMAN_RANDOM_CSV = Path(__file__).with_name("atari57_random_human_scores.csv")
 MIXED_LENGTHS = 0.9
@@ -65,6 +66,8 @@ class Run:
     """true game score of each training episode (`charts/episodic_return`)"""
     runtime_s: float
     """wall-clock seconds from the first to the last event the run wrote"""
+    eval_returns: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """scores of the evaluation episodes played after training (`eval/episodic_return`), if any"""
 
 
 @dataclass
@@ -109,12 +112,14 @@ def read_run(path: Path) -> Run | None:
     from tensorboard.backend.event_processing import event_accumulator as ea
 
     identity = parse_run_name(path.name)
-    # size 0 keeps every scalar (the default keeps a random sample of 10k, which would bias the last-100 mean);
-    # no purging: an eval curve logged with its own small step numbers must not erase the training data.
+    # size 0 keeps every scalar (the default keeps a random sample of 10k, which would bias the last-100 mean).
+    # Purging drops what a run killed after its last checkpoint had logged past it, which the resumed run logged again
+    # (counted twice otherwise, with steps going back); it purges by tag, so the eval scores logged after training with
+    # their own small step numbers leave the training data alone.
     accumulator = ea.EventAccumulator(
         str(path),
         size_guidance={ea.SCALARS: 0, ea.TENSORS: 1, ea.IMAGES: 1, ea.AUDIO: 1, ea.HISTOGRAMS: 1},
-        purge_orphaned_data=False,
+        purge_orphaned_data=True,
     )
     accumulator.Reload()
     tags = accumulator.Tags()["scalars"]
@@ -131,6 +136,7 @@ def read_run(path: Path) -> Run | None:
         steps=np.array([event.step for event in episodes], dtype=np.int64),
         returns=np.array([event.value for event in episodes], dtype=np.float64),
         runtime_s=last_wall_time - accumulator.FirstEventTimestamp(),
+        eval_returns=np.array([event.value for event in accumulator.Scalars(EVAL_TAG)] if EVAL_TAG in tags else []),
     )
 
 

@@ -35,17 +35,6 @@ def first_step_at(steps: np.ndarray, returns: np.ndarray, threshold: float, wind
     return None if len(reached) == 0 else int(steps[reached[0] + window - 1])
 
 
-def eval_mean(path: Path) -> float | None:
-    """Mean of the run's `eval/episodic_return` values; None when it logged none."""
-    from tensorboard.backend.event_processing import event_accumulator as ea
-
-    accumulator = ea.EventAccumulator(str(path), size_guidance={ea.SCALARS: 0})
-    accumulator.Reload()
-    if "eval/episodic_return" not in accumulator.Tags()["scalars"]:
-        return None
-    return float(np.mean([event.value for event in accumulator.Scalars("eval/episodic_return")]))
-
-
 def env_table(runs: list, exp_names: list[str], threshold: float, window: int) -> str:
     header = ["Algorithm", "Seed", f"Return (last {window})", "Greedy eval", f"First {threshold:g}", "Wall time (min)"]
     rows = []
@@ -54,7 +43,7 @@ def env_table(runs: list, exp_names: list[str], threshold: float, window: int) -
         if not members:
             continue
         finals = np.array([report.final_score(run.returns, window) for run in members])
-        evals = [eval_mean(run.path) for run in members]
+        evals = [float(np.mean(run.eval_returns)) if len(run.eval_returns) else None for run in members]
         firsts = [first_step_at(run.steps, run.returns, threshold, window) for run in members]
         minutes = np.array([run.runtime_s / 60 for run in members])
         for run, final, score, first, minute in zip(members, finals, evals, firsts, minutes):

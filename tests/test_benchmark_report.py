@@ -91,6 +91,28 @@ def test_read_run_keeps_every_episode_in_order(runs_dir):
     np.testing.assert_array_equal(run.returns, cartpole_returns(2))
     np.testing.assert_array_equal(run.steps, np.arange(1, 151) * 100)
     assert run.runtime_s == pytest.approx(120.0, abs=1.0)
+    np.testing.assert_array_equal(run.eval_returns, [7.0] * 3)  # the evaluation logged after training, kept apart
+
+
+def test_a_run_resumed_after_a_crash_counts_each_episode_once(tmp_path):
+    """A run killed after its checkpoint at step 500 had logged episodes up to step 800; resumed, it logs from step 501
+    again (the scripts' writer purges from there). Those orphaned episodes must not be counted twice, neither by the
+    report nor by the launcher's final return, which must be the report's."""
+    run_dir = tmp_path / "runs" / "CartPole-v1__pqn__1__1700000001"
+    killed = SummaryWriter(str(run_dir))
+    for step in range(100, 900, 100):
+        killed.add_scalar("charts/episodic_return", -1.0, step)  # the orphans: steps 600-800
+    killed.close()
+    time.sleep(1.1)  # event files are read in name order, which starts with the second their writer opened
+    resumed = SummaryWriter(str(run_dir), purge_step=501)
+    for step in range(600, 1600, 100):
+        resumed.add_scalar("charts/episodic_return", float(step), step)
+    resumed.close()
+    run = report.read_run(run_dir)
+    np.testing.assert_array_equal(run.steps, np.arange(100, 1600, 100))
+    np.testing.assert_array_equal(run.returns, [-1.0] * 5 + [float(step) for step in range(600, 1600, 100)])
+    assert report.final_score(run.returns, 100) == pytest.approx((-5 + sum(range(600, 1600, 100))) / 15)
+    assert launch.final_return(str(tmp_path)) == report.final_score(run.returns, 100)
 
 
 def test_final_performance_table(runs_dir):
