@@ -35,9 +35,12 @@ RUN_FLAGS = (
     "checkpoint_every",
     "checkpoint_replay",
     "resume",
+    "resume_fresh_envs",
+    "eval_only",
+    "model_path",
 )
 """fields that set up a run (naming, device, logging, checkpoints) rather than the algorithm: listed once"""
-RUN_FLAG_PREFIXES = ("wandb_", "checkpoint_")
+RUN_FLAG_PREFIXES = ("wandb_", "checkpoint_", "resume_")
 """a new field with one of these prefixes counts as a run flag too"""
 
 
@@ -137,19 +140,19 @@ def hyperparameter_table(
         if is_run_flag(name):
             continue
         fields = {script: by_script[script].get(name) for script in scripts}
-        present = [field for field in fields.values() if field is not None]
         scripts_by_doc: dict[str, list[str]] = {}
         for script, field in fields.items():
             if field is not None:
                 scripts_by_doc.setdefault(field.doc, []).append(script)
         description = "<br>".join(cell(line) for line in describe(scripts_by_doc))
         defaults = [code(field.default) if field else "-" for field in fields.values()]
-        lines.append("| " + " | ".join([f"`{present[0].flag}`", *defaults, description]) + " |")
+        flag = next(field.flag for field in fields.values() if field is not None)
+        lines.append("| " + " | ".join([f"`{flag}`", *defaults, description]) + " |")
     run_flags = [name for name in names if is_run_flag(name)]
     note = (
         "Not in the table: the run flags "
         + ", ".join(f"`--{name.replace('_', '-')}`" for name in run_flags)
-        + f" (naming, device, logging and checkpoints: see [Basic usage]({usage_link})). "
+        + f" (naming, device, logging, checkpoints and evaluating a saved model: see [Basic usage]({usage_link})). "
         + "Boolean flags also have a `--no-` form. The table is generated from the scripts' `Args` when the site "
         + "is built; `python cleanrl/<script>.py --help` prints the same."
     )
