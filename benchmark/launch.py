@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -149,6 +150,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         value, least = getattr(args, flag), 0 if flag in ("max_retries", "checkpoint_every") else 1
         if value is not None and value < least:
             fail(f"--{flag.replace('_', '-')}={value}: must be at least {least}")
+    for flag in ("env_ids", "seeds"):
+        values = getattr(args, flag)
+        if len(set(values)) != len(values):
+            twice = next(value for value in values if values.count(value) > 1)
+            fail(f"--{flag.replace('_', '-')}={' '.join(map(str, values))}: {twice} is given twice (each run once)")
     if args.gpus_per_run < 0:
         fail(f"--gpus-per-run={args.gpus_per_run}: must be at least 0")
     if args.mem_gb is not None and args.mem_gb <= 0:
@@ -160,7 +166,20 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if args.max_retries > 0 and args.output_dir is None:
         fail(f"--max-retries={args.max_retries}: needs --output-dir, where a retry finds the run's checkpoint")
     args.time_min = slurm_minutes(args.time)
+    check_writable(args.output_dir)
     return args, command
+
+
+def check_writable(output_dir: Path | None) -> None:
+    """Stops before launching anything when the runs could not write their folders (a read-only folder)."""
+    where = Path.cwd() if output_dir is None else output_dir
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=where):
+            pass
+    except OSError as error:
+        flag = "the working directory" if output_dir is None else f"--output-dir={output_dir}"
+        fail(f"{flag}: the runs cannot write there ({error.strerror}); choose a folder you can write to")
 
 
 def slurm_minutes(limit: str) -> int:

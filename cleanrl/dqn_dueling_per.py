@@ -8,6 +8,8 @@ Papers: van Hasselt et al. 2016 (arXiv:1509.06461), Wang et al. 2016 (arXiv:1511
 Docs: docs/rl-algorithms/dqn_dueling_per.md
 """
 
+import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
+
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -383,7 +385,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = 
     --capture-video plays them in turn on ale-py (FIRE after a lost life too) and records them to videos/<run_name>/."""
     spec = envpool.make_spec(args.env_id)
     model = DuelingQNetwork(spec.observation_space.shape, spec.action_space.n, args.hidden_size).to(device)
-    model.load_state_dict(plumbing.load_weights(model_path, device))
+    plumbing.load_weights(model, model_path, device)
     model.eval()
     seed, num_actions = args.seed + 1, spec.action_space.n
     if args.capture_video:  # envpool does not render: a gymnasium env with the training preprocessing
@@ -431,6 +433,7 @@ def main(args: Args) -> list[float]:
         return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
+    args = plumbing.whole_iterations(args, args.num_envs, "vector steps (--num-envs)")
     # A small MLP only pays synchronization for intra-op threads; one thread also frees results from the core count.
     cpu_threads = None if args.env_id.endswith("-v5") else 1
     with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads) as run:

@@ -9,6 +9,8 @@ Paper: Dabney, Ostrovski, Silver, Munos, "Implicit Quantile Networks for Distrib
 ICML 2018. Docs: docs/rl-algorithms/iqn.md
 """
 
+import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
+
 import os
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -317,7 +319,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = 
         envs = make_env(args.env_id, 1, seed)
     obs_dim, num_actions = int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.n
     model = QuantileNetwork(obs_dim, num_actions, args.quantile_embedding_dim, args.hidden_size).to(device)
-    model.load_state_dict(plumbing.load_weights(model_path, device))
+    plumbing.load_weights(model, model_path, device)
     obs, _ = envs.reset(seed=seed) if args.capture_video else envs.reset()
     scores, score = [], 0.0
     while len(scores) < args.eval_episodes:
@@ -339,6 +341,7 @@ def main(args: Args) -> list[float]:
         return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
+    args = plumbing.whole_iterations(args, args.num_envs, "vector steps (--num-envs)")
     # cpu_threads=1: a network this small only pays synchronization for threads
     with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
         plumbing.seed_everything(args.seed, args.torch_deterministic)

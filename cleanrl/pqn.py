@@ -8,6 +8,8 @@ Paper: Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning" (arX
 Docs: docs/rl-algorithms/pqn.md
 """
 
+import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
+
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -51,7 +53,7 @@ class Args:
 
     env_id: str = "CartPole-v1"
     """the id of the envpool classic-control environment"""
-    total_timesteps: int = 500_000
+    total_timesteps: int = 499_712
     """total environment steps of the experiment, summed over all environments"""
     learning_rate: float = 5e-4
     """the learning rate of the RAdam optimizer (CleanRL: 2.5e-4 with 4 envs; larger batches take a larger step)"""
@@ -216,7 +218,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = 
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)
     model = QNetwork(int(np.prod(envs.single_observation_space.shape)), num_actions).to(device)
-    model.load_state_dict(plumbing.load_weights(model_path, device))
+    plumbing.load_weights(model, model_path, device)
     model.eval()
     scores, episode_returns = [], np.zeros(num_envs)
     while quota.sum() > 0:
@@ -243,6 +245,7 @@ def main(args: Args) -> list[float]:
         return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
+    args = plumbing.whole_iterations(args, args.num_envs * args.num_steps, "rollouts (--num-envs x --num-steps)")
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     epsilon_duration = args.exploration_fraction * args.total_timesteps

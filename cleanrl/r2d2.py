@@ -10,6 +10,8 @@ Paper: Kapturowski et al., "Recurrent Experience Replay in Distributed Reinforce
 Docs: docs/rl-algorithms/r2d2.md
 """
 
+import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
+
 import os
 from dataclasses import dataclass
 
@@ -451,7 +453,7 @@ def evaluate(model_path: str, args: Args, device, run_name: str) -> list[float]:
     envs = make_env(args.env_id, args.eval_episodes, args.seed + 100)
     obs, _ = envs.reset()
     model = QNetwork(observe(obs, args.mask_velocity).shape[1], int(envs.action_space.n), args.lstm_size).to(device)
-    model.load_state_dict(plumbing.load_weights(model_path, device))
+    plumbing.load_weights(model, model_path, device)
     scores = play(model, envs, obs, args.mask_velocity, device, args.eval_epsilon)
     if args.capture_video:
         video_env = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name)])
@@ -470,6 +472,7 @@ def main(args: Args) -> list[float]:
         return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)  # a resumed run goes on with the checkpoint's flags
     validate_args(args)
+    args = plumbing.whole_iterations(args, args.num_envs, "vector steps (--num-envs)")
     with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
         plumbing.seed_everything(args.seed, args.torch_deterministic)
         rng = np.random.default_rng(args.seed)

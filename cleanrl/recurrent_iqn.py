@@ -10,6 +10,8 @@ Papers: Dabney et al. 2018 (IQN, arXiv:1806.06923), Kapturowski et al. 2019 (R2D
 Docs: docs/rl-algorithms/recurrent_iqn.md
 """
 
+import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
+
 import functools
 import importlib.util
 import os
@@ -532,7 +534,7 @@ def evaluate(model_path, args, device, run_name="eval"):
         envs = make_env(args.env_id, num_envs, args.seed + 1000, args.mask_velocity, args.max_episode_steps)
         action_space = envs.action_space
     q_network = QNetwork(envs.observation_space.shape[-1], int(action_space.n), args).to(device)
-    q_network.load_state_dict(plumbing.load_weights(model_path, device))
+    plumbing.load_weights(q_network, model_path, device)
     q_network.eval()
     agent = Agent(q_network, num_envs, args, device)
     quota = np.array([eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)])
@@ -559,6 +561,7 @@ def main(args: Args) -> list[float]:
         return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
+    args = plumbing.whole_iterations(args, args.num_envs, "vector steps (--num-envs)")
     # cpu_threads=1: a network this small only pays synchronization for threads
     with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
         plumbing.seed_everything(args.seed, args.torch_deterministic)

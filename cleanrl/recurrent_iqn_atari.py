@@ -11,6 +11,8 @@ Papers: Dabney et al. 2018 (IQN, arXiv:1806.06923), Kapturowski et al. 2019 (R2D
 Recurrent IQN" (RLtime). Docs: docs/rl-algorithms/recurrent_iqn.md
 """
 
+import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
+
 import functools
 import importlib.util
 import os
@@ -532,7 +534,7 @@ def evaluate(model_path, args, device, run_name="eval"):
     else:
         envs = make_env(args.env_id, num_envs, args.seed + 1000, args.max_episode_steps, not args.value_rescaling)
     q_network = QNetwork(int(envs.single_action_space.n), args).to(device)  # envpool and gymnasium both have it
-    q_network.load_state_dict(plumbing.load_weights(model_path, device))
+    plumbing.load_weights(q_network, model_path, device)
     q_network.eval()
     agent = Agent(q_network, num_envs, args, device)
     quota = np.array([eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)])
@@ -562,6 +564,7 @@ def main(args: Args) -> list[float]:
         return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
+    args = plumbing.whole_iterations(args, args.num_envs, "vector steps (--num-envs)")
     with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
         plumbing.seed_everything(args.seed, args.torch_deterministic)
         device = run.device

@@ -25,16 +25,23 @@ saves, and how its loop works, stays in the script. The life of a run, as a scri
 """
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import importlib.util
 import math
+import netrc
 import os
+import pickle
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import urllib.parse
 import warnings
 from collections import deque
 from dataclasses import fields, replace
@@ -46,11 +53,14 @@ import torch
 import torch.nn as nn
 from torch.utils.tensorboard import SummaryWriter
 
-# How a run is carried out, not what it computes: a resumed run keeps the checkpoint's values unless the command line
-# gives others. RECOVERY_FLAGS may also be changed on resume (with a note), e.g. a smaller step after a NaN stop;
-# every other flag comes from the checkpoint.
-OPERATIONAL_FLAGS = ("checkpoint_every", "checkpoint_replay", "track", "cuda")
-RECOVERY_FLAGS = ("learning_rate", "max_grad_norm")
+# The flags a resumed run may change from the command line: how the run is carried out and logged, what happens after
+# training, and a smaller step after a NaN stop. Every other flag keeps the checkpoint's value; giving it another one
+# stops the run, by name.
+CHANGEABLE_ON_RESUME = (
+    *("checkpoint_every", "checkpoint_replay", "track", "wandb_project_name", "wandb_entity", "cuda"),
+    *("save_model", "capture_video", "eval_episodes", "eval_epsilon"),
+    *("learning_rate", "max_grad_norm"),
+)
 # Ranges of the flags that several scripts share, checked by `check_common_flags` for every field a script has.
 # NaN fails every test (comparisons with NaN are false).
 FLAG_RANGES = {
@@ -74,7 +84,8 @@ FLAG_RANGES = {
         ),
         (lambda v: 0 <= v < math.inf, ">= 0"),
     ),
-    "seed": (lambda v: 0 <= v < 2**32, "in [0, 2^32)"),
+    # envpool takes int32 seeds; evaluation envs are seeded a little above the run's seed.
+    "seed": (lambda v: 0 <= v < 2**31 - 2**16, "in [0, 2147418112) (envpool takes 32-bit signed seeds)"),
 }
 # envpool builds gymnasium Box spaces from float64 bounds; gymnasium then warns on every classic-control run that it
 # casts them to the float32 dtype the observations have, which is what we want.
@@ -115,11 +126,41 @@ def check_common_flags(args) -> None:
             flag_error(name, value, "must be a whole number >= 1")
         if name in FLAG_RANGES and not FLAG_RANGES[name][0](value):
             flag_error(name, value, f"must be {FLAG_RANGES[name][1]}")
+    if not is_plain_name(args.exp_name, 100):
+        flag_error("exp_name", args.exp_name, "must be a folder name: no '/', not '.' or '..', at most 100 bytes")
+    if args.track:
+        check_wandb_login()
     if "learning_starts" in vars(args) and args.total_timesteps <= args.learning_starts:
         flag_error("total_timesteps", args.total_timesteps, f"must exceed --learning-starts={args.learning_starts}")
     # Every action of the run is logged (a byte per environment step) so that a resume can replay it.
     check_memory(args.total_timesteps, "the action log", f"--total-timesteps={args.total_timesteps}")
     check_evaluation_flags(args)
+
+
+def check_wandb_login() -> None:
+    """--track needs a Weights & Biases login (or offline logging); without one, wandb would stop the run after its
+    folder exists, or wait for a key typed in."""
+    if importlib.util.find_spec("wandb") is None:
+        raise SystemExit("error: --track needs wandb, not installed: pip install wandb")
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return
+    host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    with contextlib.suppress(OSError, netrc.NetrcParseError):
+        if netrc.netrc(os.environ.get("NETRC")).authenticators(host):
+            return
+    raise SystemExit(
+        "error: --track: no Weights & Biases login found; run `wandb login`, set WANDB_API_KEY, or set "
+        "WANDB_MODE=offline to log locally and `wandb sync` later"
+    )
+
+
+def whole_iterations(args, steps_per_iteration: int, what: str):
+    """`args` with --total-timesteps a whole number of iterations of `steps_per_iteration` agent steps (`what` names
+    one): a total between two multiples is rounded up, with a note, rather than run short without a word."""
+    total = -(-args.total_timesteps // steps_per_iteration) * steps_per_iteration
+    if total != args.total_timesteps:
+        print(f"note: --total-timesteps={args.total_timesteps} rounded up to {total}, a whole number of {what}")
+    return replace(args, total_timesteps=total)
 
 
 def check_evaluation_flags(args) -> None:
@@ -293,40 +334,116 @@ class Progress:
 
 def resume(given, script: str, checkpoint_format: int):
     """(args, checkpoint) of a run: `given` unchanged and no checkpoint, or with --resume the checkpoint and its flags.
-    OPERATIONAL_FLAGS keep the checkpoint's values unless given on the command line, RECOVERY_FLAGS may be changed
-    (with a note), and other given flags that differ from the checkpoint's are named and ignored. `script` is the
+
+    A flag given on the command line wins whatever its value, if it may change on resume (CHANGEABLE_ON_RESUME);
+    another flag given with a value other than the checkpoint's stops the run, by name; a flag not given keeps the
+    checkpoint's value. What changed is listed in the start-up block (`checkpoint["changed"]`). `script` is the
     script's path (`__file__`); a checkpoint of another script or format, or whose contents changed, stops the run."""
     if given.resume is None:
         return given, None
     if not os.path.isfile(given.resume):
         flag_error("resume", given.resume, "no such file")
-    try:  # not weights_only: a checkpoint holds numpy arrays and RNG states
-        checkpoint = torch.load(given.resume, map_location="cpu", weights_only=False)
-        names, script = {field.name for field in fields(given)}, os.path.basename(script)
-        if not isinstance(checkpoint, dict) or "script" not in checkpoint:
-            raise ValueError(f"an older format, expected format {checkpoint_format}")
-        if checkpoint["script"] != script:
-            raise ValueError(f"written by {checkpoint['script']}, not {script}")
+    checkpoint, names = read_checkpoint(given.resume, "resume"), {field.name for field in fields(given)}
+    try:
+        script = os.path.basename(script)
+        if checkpoint.get("script") != script:
+            raise ValueError(f"written by {checkpoint.get('script')}, not {script}")
         if checkpoint["format"] != checkpoint_format or set(checkpoint["args"]) - LATER_FLAGS != names - LATER_FLAGS:
             raise ValueError(f"format {checkpoint['format']}, expected {checkpoint_format}")
         if content_digest({k: v for k, v in checkpoint.items() if k != "digest"}) != checkpoint["digest"]:
             raise ValueError("its contents do not match their checksum (a damaged file)")
-    except Exception as error:
+        if not is_plain_name(checkpoint["run_name"]):
+            raise ValueError(f"its run name {checkpoint['run_name']!r} is not a folder name")
+    except (KeyError, TypeError, ValueError) as error:
         flag_error("resume", given.resume, f"not a readable checkpoint ({type(error).__name__}: {error})")
     saved = {**{name: getattr(type(given)(), name) for name in LATER_FLAGS & names}, **checkpoint["args"]}
     # How to resume is said anew each time: --resume, and --resume-fresh-envs (fresh games, or the exact replay).
-    defaults, changes = type(given)(), {"resume": given.resume, "resume_fresh_envs": given.resume_fresh_envs}
-    for name in sorted(names - {"resume", "resume_fresh_envs"}):
+    args, changed = replace(type(given)(**saved), resume=given.resume, resume_fresh_envs=given.resume_fresh_envs), []
+    for name in sorted(flags_given(given) - {"resume", "resume_fresh_envs"}):
         value = getattr(given, name)
-        if value == saved[name] or value == getattr(defaults, name):
+        if value == saved[name]:
             continue
-        if name in OPERATIONAL_FLAGS + RECOVERY_FLAGS:
-            changes[name] = value
-            if name in RECOVERY_FLAGS:
-                print(f"resume: --{name.replace('_', '-')} changes from {saved[name]} to {value}")
-        else:
-            print(f"resume: ignoring --{name.replace('_', '-')}={value}; the checkpoint's value is {saved[name]}")
-    return replace(type(given)(**saved), **changes), checkpoint
+        if name not in CHANGEABLE_ON_RESUME:
+            changeable = ", ".join("--" + flag.replace("_", "-") for flag in CHANGEABLE_ON_RESUME if flag in names)
+            flag_error(name, value, f"cannot change on resume (the checkpoint has {saved[name]}); these can: {changeable}")
+        args = replace(args, **{name: value})
+        changed.append(f"--{name.replace('_', '-')} {saved[name]} -> {value}")
+    checkpoint["changed"] = changed
+    return args, checkpoint
+
+
+def flags_given(args) -> set[str]:
+    """The fields of `args` given on the command line (`--name`, `--name=value`, `--no-name`, with - or _), plus, for a
+    script's `main` called from Python, the fields whose values differ from the defaults."""
+    names, defaults = {field.name for field in fields(args)}, type(args)()
+    given = {name for name in names if getattr(args, name) != getattr(defaults, name)}
+    for token in sys.argv[1:]:
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0].replace("-", "_")
+            given |= {name, name[3:]} & names if name.startswith("no_") else {name} & names
+    return given
+
+
+def is_plain_name(name, most_bytes: int = 255) -> bool:
+    """A name that is one folder or file name: no path separator, not `.` or `..`, not empty, not too long."""
+    plain = isinstance(name, str) and name not in ("", ".", "..") and not {"/", "\x00"} & set(name)
+    return plain and len(name.encode()) <= most_bytes
+
+
+def read_checkpoint(path: str, flag: str = "resume") -> dict:
+    """A checkpoint's contents, loaded without running code: `torch.load(weights_only=True)` unpickles only tensors and
+    plain values (numbers, strings, lists, tuples, dicts), and numpy arrays are stored as tensors of their bytes (see
+    `to_safe`). A file holding anything else, a pickled object that could run code included, is refused in one line."""
+    try:
+        return from_safe(torch.load(path, map_location="cpu", weights_only=True))
+    except Exception as error:
+        flag_error(flag, path, f"not a readable checkpoint ({unreadable_reason(error)})")
+
+
+NUMPY_MARK = "numpy array"  # to_safe's form of a numpy array or scalar: {NUMPY_MARK: dtype, "shape": ..., "bytes": ...}
+
+
+def to_safe(value):
+    """`value` with every numpy array and scalar replaced by a dict of its dtype, shape and bytes (a uint8 tensor that
+    shares its memory), so that `torch.load(weights_only=True)` reads it back; `from_safe` undoes it bit for bit."""
+    if isinstance(value, dict):
+        return {key: to_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_safe(item) for item in value)
+    if isinstance(value, (np.ndarray, np.generic)):
+        array = np.asarray(value) if np.asarray(value).flags.c_contiguous else np.ascontiguousarray(value)
+        if array.dtype.hasobject:
+            raise TypeError("a numpy array of Python objects cannot be checkpointed safely")
+        raw = torch.from_numpy(array.reshape(-1).view(np.uint8))
+        return {NUMPY_MARK: array.dtype.str, "shape": array.shape, "scalar": isinstance(value, np.generic), "bytes": raw}
+    return value
+
+
+def from_safe(value):
+    if isinstance(value, dict):
+        if NUMPY_MARK in value:
+            array = value["bytes"].numpy().view(np.dtype(value[NUMPY_MARK])).reshape(value["shape"])
+            return array[()] if value["scalar"] else array
+        return {key: from_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(from_safe(item) for item in value)
+    return value
+
+
+def write_atomically(path: str, write: Callable) -> None:
+    """Calls `write(file)` on a new temporary file beside `path`, syncs it, then renames it over `path`: readers see the
+    old file or the new one whole, never a part (a crash, a full disk, a signal), and two writers never share a file."""
+    handle, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path) or ".")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def content_digest(value, hasher=None) -> str:
@@ -404,6 +521,8 @@ def all_finite(value) -> bool:
 
 
 stop_signal = None  # the signal that stopped the last run before its end, if one did
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO)
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a closed terminal (SIGHUP) stops a run like SIGTERM
 
 
 def new_run_name(args) -> str:
@@ -412,15 +531,73 @@ def new_run_name(args) -> str:
     base = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     for suffix in ["", *(f"_{i}" for i in range(2, 1000))]:
         with contextlib.suppress(FileExistsError):
-            os.makedirs(f"runs/{base}{suffix}")
+            make_run_dir(f"runs/{base}{suffix}")
             return base + suffix
     raise SystemExit(f"error: could not create a run directory runs/{base}_*")
 
 
+def make_run_dir(path: str, exist_ok: bool = False) -> None:
+    try:
+        os.makedirs(path, exist_ok=exist_ok)
+    except FileExistsError:
+        raise
+    except OSError as error:
+        raise SystemExit(f"error: cannot create the run folder {path} ({error.strerror}); start the run where it can write")
+
+
+def lock_run_dir(path: str) -> int:
+    """Takes the run folder's lock for as long as the process lives (the kernel releases it when the process ends, a
+    crash included); a second process running the same run stops here instead of writing into the same files."""
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(handle)
+        raise SystemExit(f"error: the run in {path} is running in another process (it holds the folder's lock)") from None
+    return handle
+
+
+def resumed_run_dir(resume_path: str, checkpoint: dict) -> str:
+    """Where a resumed run writes: the checkpoint's own folder when it is the run's folder (named for the run, as
+    runs/<run name>/checkpoint.pt is), else runs/<run name> under the working directory. It never writes beside a
+    checkpoint that is not in its run's folder (a backup, a copy, another run's folder)."""
+    folder = os.path.dirname(resume_path) or "."
+    return folder if os.path.basename(os.path.abspath(folder)) == checkpoint["run_name"] else f"runs/{checkpoint['run_name']}"
+
+
+def check_newer_checkpoint(path: str, resume_path: str, step: int) -> None:
+    """Stops a resume from an older step (a backup) that would overwrite the run's newer checkpoint at `path`."""
+    if not os.path.exists(path) or os.path.samefile(path, resume_path):
+        return
+    try:  # mmap: only the few plain values are read, not the tensors
+        present = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"]
+    except Exception:
+        present = None
+    if present is None or present > step:
+        what = f"the run's checkpoint at step {present}" if present is not None else "a file that is not a readable checkpoint"
+        raise SystemExit(
+            f"error: --resume={resume_path}: {path} holds {what}, newer than step {step}: resume from it, or move it "
+            f"away to go back to step {step}"
+        )
+
+
+def check_writable_home(run_dir: str) -> None:
+    """A resume of a checkpoint copied from elsewhere writes into runs/<run name>; refuse early if that cannot work."""
+    parent = os.path.dirname(run_dir) or "."
+    if (
+        os.path.isdir(run_dir)
+        and not os.access(run_dir, os.W_OK)
+        or not os.path.isdir(run_dir)
+        and os.path.isdir(parent)
+        and not os.access(parent, os.W_OK)
+    ):
+        raise SystemExit(f"error: cannot write to the run folder {run_dir} (read-only); resume from a folder you can write to")
+
+
 def cli(main, args_class) -> None:
-    """A script's command line: parses the flags into `args_class` and runs `main`. A run stopped by SIGINT or SIGTERM
-    (after writing its checkpoint) exits with 128 + the signal's number, so that shells and schedulers can tell it
-    from a finished run."""
+    """A script's command line: parses the flags into `args_class` and runs `main`. A run stopped by a signal (after
+    writing its checkpoint) exits with 128 + the signal's number, so that shells and schedulers can tell it from a
+    finished run."""
     import tyro
 
     main(tyro.cli(args_class))
@@ -429,29 +606,68 @@ def cli(main, args_class) -> None:
 
 
 class Run:
-    """One training run: name and directory, TensorBoard writer (synced to W&B with --track), the SIGINT/SIGTERM
-    handlers, and its checkpoints. Use it as a context manager: leaving the block, however, restores the previous
-    signal handlers and closes the logs (tests call `main` in-process, so handlers must not leak)."""
+    """One training run: name and directory, TensorBoard writer (synced to W&B with --track), the signal handlers,
+    and its checkpoints. Use it as a context manager: leaving the block, however, restores the previous signal
+    handlers, closes the logs and releases the run folder's lock (tests call `main` in-process: nothing must leak).
+
+    A run writes only into its own folder: runs/<run name>, or for a resume the folder `resumed_run_dir` names; the
+    folder is locked while the run lives. A signal (SIGINT, SIGTERM, SIGHUP) during training stops the run after the
+    current step with a checkpoint; a second one exits at once, the last checkpoint intact; after training (the
+    model file, the evaluation, the video) it exits at once, the final checkpoint written. Either way the exit status
+    is 128 + the signal's number."""
 
     def __init__(self, args, checkpoint: Optional[dict], script: str, checkpoint_format: int, cpu_threads=None):
         global stop_signal
         stop_signal = None
         self.args, self.checkpoint, self.format = args, checkpoint, checkpoint_format
         self.script = os.path.abspath(script)
-        self.start_time, self.eval_scores = time.time(), None
-        self.global_step = checkpoint["global_step"] if checkpoint else 0  # the last step checkpoint_or_stop saw
+        self.start_time, self.eval_scores, self.lock, self.writer = time.time(), None, None, None
+        self.stop_requested = self.stopped = self.replaying = self.writing = self.training_done = False
+        self.global_step = self.start_step = checkpoint["global_step"] if checkpoint else 0  # last step checkpoint_or_stop saw
         # The step at which the current envs started their first games: 0, or that of the last --resume-fresh-envs.
-        # They are seeded with seed + that step, so that the new games are not the run's first ones again.
+        # They are seeded with seed + that step (envpool takes 31-bit seeds), so that new games are not the first ones.
         fresh = checkpoint is not None and args.resume_fresh_envs
         self.envs_start = self.global_step if fresh else checkpoint.get("envs_start", 0) if checkpoint else 0
-        self.env_seed = args.seed + self.envs_start
+        self.env_seed = (args.seed + self.envs_start) % 2**31
         self.device = pick_device(args.cuda, cpu_threads)
-        self.name = checkpoint["run_name"] if checkpoint else new_run_name(args)
-        # A resumed run goes on in its checkpoint's directory, from wherever it is started.
-        self.dir = os.path.dirname(os.path.abspath(args.resume)) if checkpoint else f"runs/{self.name}"
-        self.last_checkpoint = args.resume
-        self.checkpoint_path = f"{self.dir}/checkpoint.pt"
         self.wandb_id = checkpoint["wandb_id"] if checkpoint else None
+        self.previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in HANDLED_SIGNALS}
+        # Python runs a handler once for signals that arrive during one long C call (say, copying a large replay);
+        # the wakeup pipe gets a byte for every signal, so two of them are never taken for one.
+        self.wakeup, wakeup_write = os.pipe()
+        os.set_blocking(self.wakeup, False)
+        os.set_blocking(wakeup_write, False)
+        self.previous_wakeup = signal.set_wakeup_fd(wakeup_write)
+        # TensorBoard writes from a thread of its own, which prints a traceback when the disk is full before the
+        # error reaches this thread (and `__exit__`, which says it in one line).
+        self.previous_excepthook, threading.excepthook = threading.excepthook, self._thread_exception
+        self.created = checkpoint is None
+        try:
+            self.open_run_dir(checkpoint)
+            self.start_logs(checkpoint)
+        except BaseException:  # a signal or an error while starting: nothing of this run is left half made
+            self.close(remove_if_new=True)
+            raise
+
+    def open_run_dir(self, checkpoint: Optional[dict]) -> None:
+        args = self.args
+        if checkpoint is None:
+            self.name = new_run_name(args)
+            self.dir = f"runs/{self.name}"
+        else:
+            self.name, self.dir = checkpoint["run_name"], resumed_run_dir(args.resume, checkpoint)
+            check_writable_home(self.dir)
+            self.created = not os.path.isdir(self.dir)
+            make_run_dir(self.dir, exist_ok=True)
+        self.lock = lock_run_dir(self.dir)
+        self.checkpoint_path = f"{self.dir}/checkpoint.pt"
+        self.last_checkpoint = None
+        if checkpoint is not None:
+            check_newer_checkpoint(self.checkpoint_path, args.resume, checkpoint["global_step"])
+            self.last_checkpoint = args.resume
+
+    def start_logs(self, checkpoint: Optional[dict]) -> None:
+        args = self.args
         setting = {"device": describe_device(self.device, args.cuda), **software_versions(self.script)}
         self.print_start(setting)
         if args.track:
@@ -467,20 +683,14 @@ class Run:
         if checkpoint is None:
             rows = "\n".join(f"|{key}|{value}|" for key, value in {**vars(args), **setting}.items())
             self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
-        self.stop_requested = self.stopped = self.replaying = False
-        self.previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-        # Python runs a handler once for signals that arrive during one long C call (say, copying a large replay);
-        # the wakeup pipe gets a byte for every signal, so two of them are never taken for one.
-        self.wakeup, wakeup_write = os.pipe()
-        os.set_blocking(self.wakeup, False)
-        os.set_blocking(wakeup_write, False)
-        self.previous_wakeup = signal.set_wakeup_fd(wakeup_write)
 
     def print_start(self, setting: dict) -> None:
         """The start-up block, printed before anything slow: what runs, where it logs, on what."""
         args, script = self.args, os.path.basename(self.script)
         if self.checkpoint:
             print(f"{script}: resuming {args.env_id}, seed {args.seed}, at step {self.checkpoint['global_step']}")
+            changed = self.checkpoint.get("changed")
+            print(f"  flags changed on resume: {', '.join(changed)}" if changed else "  flags: all as in the checkpoint")
         else:
             print(f"{script}: {args.env_id}, seed {args.seed}, {args.total_timesteps} agent steps")
         print(f"  run directory: {self.dir}  (watch it: tensorboard --logdir {os.path.dirname(self.dir) or '.'})")
@@ -532,17 +742,35 @@ class Run:
         print(f"{line} | {recent} | {self.dir}")
 
     def _on_signal(self, signum, frame):
-        self.signum, arrived = signum, 1
+        self.signum, arrived, name = signum, 1, signal.Signals(signum).name
         with contextlib.suppress(BlockingIOError):
             arrived = len(os.read(self.wakeup, 64))
+        last = self.last_checkpoint or "none"
+        if self.writing and (self.stop_requested or arrived > 1):
+            # A checkpoint is being written by another thread, inside torch: the process ends now, without the
+            # interpreter's shutdown (which would abort that thread); the temporary file is removed by `save`'s caller
+            # never returning, so it is removed here. The logs were flushed before the write began.
+            with contextlib.suppress(OSError):
+                os.remove(self.writing)
+            print(f"exiting at once on {name}, during a checkpoint write; last good checkpoint: {last}", flush=True)
+            os._exit(128 + signum)
+        if self.training_done:
+            self.restore_handlers()
+            print(f"exiting on {name}: training had finished; the final evaluation is not done; last checkpoint: {last}")
+            raise SystemExit(128 + signum)
         if self.stop_requested or self.replaying or arrived > 1:  # a second signal, or nothing new to save yet: exit at once
             self.restore_handlers()
-            print(f"exiting at once on {signal.Signals(signum).name}; last good checkpoint: {self.last_checkpoint or 'none'}")
-            raise SystemExit(128 + signum)  # leaving `save`, this removes a partly written file
+            print(f"exiting at once on {name}; last good checkpoint: {last}")
+            raise SystemExit(128 + signum)
         self.stop_requested = True
-        print("stopping after this step, with a checkpoint; a second signal exits at once")
+        print(f"{name}: stopping after this step, with a checkpoint; a second signal exits at once")
+
+    def _thread_exception(self, hook_args) -> None:
+        if not (isinstance(hook_args.exc_value, OSError) and hook_args.exc_value.errno in DISK_ERRORS):
+            self.previous_excepthook(hook_args)
 
     def restore_handlers(self) -> None:
+        threading.excepthook = self.previous_excepthook
         for sig, handler in self.previous_handlers.items():
             signal.signal(sig, handler)
         if self.wakeup is not None:
@@ -550,16 +778,33 @@ class Run:
             os.close(self.wakeup)
             self.wakeup = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
+    def close(self, remove_if_new: bool = False) -> None:
+        """Restores the signal handlers, closes the logs, releases the lock. `remove_if_new`: a run folder this run
+        created and that holds no checkpoint (a run stopped before its first step) is removed, not left empty."""
         self.restore_handlers()
-        self.writer.close()
-        if self.args.track:
+        if self.writer is not None:
+            with contextlib.suppress(OSError):
+                self.writer.close()
+        if self.args.track and self.writer is not None:
             import wandb
 
             wandb.finish()
+        if self.lock is not None:
+            if remove_if_new and self.created and self.last_checkpoint is None and self.global_step == self.start_step:
+                shutil.rmtree(self.dir, ignore_errors=True)
+            os.close(self.lock)
+            self.lock = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        self.close(remove_if_new=kind is not None)
+        if isinstance(error, OSError) and error.errno in DISK_ERRORS:  # a full disk, a read-only folder: one line
+            where = f" {error.filename}" if error.filename else ""
+            last = self.last_checkpoint or "none written"
+            print(f"error: writing{where} failed: {error.strerror or error}; last good checkpoint: {last}", file=sys.stderr)
+            raise SystemExit(2) from None
 
     def fast_forward(self, envs, action_log: np.ndarray, obs: np.ndarray, reset_flags: tuple, stats, action_dtype=np.int64):
         """Brings the envs, just built with `run.env_seed`, on from the checkpoint; returns (envs, obs) for the loop.
@@ -612,25 +857,27 @@ class Run:
 
     def save(self, global_step: int, state: dict) -> str:
         """Writes beside the previous checkpoint, syncs, then renames over it: a crash, a full disk or a second signal
-        while writing leaves that one whole. A state holding NaN or inf is not written (the previous one stays good)."""
+        while writing leaves that one whole. A state holding NaN or inf is not written (the previous one stays good).
+        Numpy arrays are stored as tensors of their bytes, so that the file loads with `weights_only=True`."""
         learned = [key for key, value in state.items() if isinstance(value, (nn.Module, torch.optim.Optimizer))]
         state = {key: state_of(value) for key, value in state.items()}
         header = dict(format=self.format, script=os.path.basename(self.script), args=vars(self.args), run_name=self.name)
         checkpoint = dict(header, wandb_id=self.wandb_id, global_step=global_step, rng=rng_states(), state=state)
         checkpoint["envs_start"] = self.envs_start
-        if not all_finite(
-            [state[key] for key in learned]
-        ):  # weights and optimizer moments (buffers may hold inf by design, e.g. min-trees)
+        if not all_finite([state[key] for key in learned]):  # weights, optimizer moments (buffers may hold inf by design)
             raise SystemExit(
                 f"error: non-finite values in the state at step {global_step}; no checkpoint written; "
                 f"last good checkpoint: {self.last_checkpoint or 'none written'}"
             )
         checkpoint["digest"] = content_digest(checkpoint)
-        tmp, failed = self.checkpoint_path + ".tmp", []
+        checkpoint = to_safe(checkpoint)
+        self.writer.flush()  # the logs up to this step are on disk before the checkpoint that vouches for them
+        handle, tmp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=self.dir)
+        failed = []
 
         def write():
             try:
-                with open(tmp, "wb") as file:
+                with os.fdopen(handle, "wb") as file:
                     torch.save(checkpoint, file)
                     file.flush()
                     os.fsync(file.fileno())
@@ -640,6 +887,7 @@ class Run:
         # Written by a helper thread, so that this one stays free to answer a second signal at once.
         writer = threading.Thread(target=write, daemon=True)
         try:
+            self.writing = tmp
             writer.start()
             while writer.is_alive():
                 writer.join(0.05)
@@ -655,6 +903,8 @@ class Run:
                     f"last good checkpoint: {self.last_checkpoint or 'none written'}"
                 ) from None
             raise
+        finally:
+            self.writing = False
         self.last_checkpoint = self.checkpoint_path
         return self.checkpoint_path
 
@@ -665,8 +915,14 @@ class Run:
         every, stopping = self.args.checkpoint_every, self.stop_requested  # read once: a later signal waits a step
         self.global_step = global_step
         crossed = every > 0 and global_step // every > (global_step - steps) // every
-        if crossed or stopping or (every > 0 and last):
+        saved = crossed or stopping or (every > 0 and last)
+        if saved:
             self.save(global_step, state())
+        if last and self.stop_requested and not stopping:  # asked to stop during the last step: stop, as promised
+            stopping = True
+            if not saved:
+                self.save(global_step, state())
+        self.training_done = last and not stopping
         if stopping:
             global stop_signal
             self.stopped, stop_signal = True, self.signum
@@ -711,24 +967,38 @@ MODEL_FILE = "cleanrl-q model"  # marks a model file written by `save_model`
 
 
 def save_model(path: str, script: str, args, network: nn.Module) -> None:
-    """A model file holds the weights and every flag of the run, which rebuild the network (sizes, env) later."""
-    torch.save(
-        {"kind": MODEL_FILE, "script": os.path.basename(script), "args": vars(args), "model": network.state_dict()}, path
-    )
+    """A model file holds the weights and every flag of the run, which rebuild the network (sizes, env) later. It is
+    written whole or not at all (a temporary file renamed over `path`)."""
+    model = {"kind": MODEL_FILE, "script": os.path.basename(script), "args": vars(args), "model": network.state_dict()}
+    write_atomically(path, lambda file: torch.save(model, file))
 
 
 def read_model_file(path: str, device="cpu") -> dict:
-    """The contents of a model file; a file of bare weights (written before flags were saved) reads as {"model": ...}."""
+    """The contents of a model file, loaded without running code (`weights_only=True`: tensors and plain values only);
+    a file of bare weights (written before flags were saved) reads as {"model": ...}."""
     try:
         saved = torch.load(path, map_location=device, weights_only=True)
     except Exception as error:
-        flag_error("model_path", path, f"not a readable model file ({type(error).__name__}: {error})")
+        flag_error("model_path", path, f"not a readable model file ({unreadable_reason(error)})")
     return saved if isinstance(saved, dict) and saved.get("kind") == MODEL_FILE else {"model": saved}
 
 
-def load_weights(path: str, device) -> dict:
-    """The network weights of a model file, for `load_state_dict`."""
-    return read_model_file(path, device)["model"]
+def unreadable_reason(error: Exception) -> str:
+    """One line on why torch.load refused a file: torch's own message on unpickling runs over many lines."""
+    if isinstance(error, pickle.UnpicklingError) and "Weights only load failed" in str(error):
+        return "it holds Python objects other than tensors and plain values; loading those could run code, so it is not"
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else 'unreadable'}"
+
+
+def load_weights(network: nn.Module, path: str, device) -> None:
+    """Loads the weights of a model file into `network`, or stops with one line when they do not fit it (a file of
+    another script, or of bare weights saved with other network sizes)."""
+    weights = read_model_file(path, device)["model"]
+    try:
+        network.load_state_dict(weights)
+    except (RuntimeError, TypeError, AttributeError) as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        flag_error("model_path", path, f"its weights do not fit this script's network ({first.strip()[:160]})")
 
 
 def evaluation_line(path: str, scores: list[float]) -> str:

@@ -39,7 +39,8 @@ BAD = (
     + [("exploration_fraction", -0.1), ("exploration_fraction", 1.5), ("exploration_fraction", math.nan)]
     + [(flag, -1.0) for flag in ("prioritized_replay_alpha", "prioritized_replay_beta", "epsilon_alpha")]
     + [(flag, -1) for flag in ("learning_starts", "burn_in", "checkpoint_every", "eval_episodes")]
-    + [("seed", -1), ("seed", 2**32)]
+    + [("seed", -1), ("seed", 2**32), ("seed", 2**31), ("seed", 2**32 - 1)]  # envpool takes 32-bit signed seeds
+    + [("exp_name", name) for name in ("a/b", "../../x", "", "..", "x" * 300)]  # one folder name, not a path
     + [(flag, 0) for flag in COUNTS]
     + [("total_timesteps", 10**15), ("env_id", "NoSuchGame-v5"), ("env_id", "Pendulum-v1")]
 )
@@ -70,3 +71,35 @@ def test_a_bad_flag_is_refused_in_one_line_before_anything_is_built(module, flag
     message = str(refusal.value.code)
     assert message.startswith(f"error: --{flag.replace('_', '-')}=") and "\n" not in message, message
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("module", SCRIPTS, ids=lambda module: module.__name__.split(".")[-1])
+def test_track_without_a_weights_and_biases_login_is_refused_before_the_run_folder(module, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setattr(plumbing, "Run", lambda *args, **kwargs: pytest.fail("a run would start"))
+    with pytest.raises(SystemExit, match=r"^error: --track: no Weights & Biases login found"):
+        module.main(module.Args(track=True))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("module", SCRIPTS, ids=lambda module: module.__name__.split(".")[-1])
+def test_a_total_between_two_whole_iterations_is_rounded_up_and_said(module, monkeypatch, tmp_path, capsys):
+    class Started(Exception):
+        """Stands in for the run: the flags it would start with."""
+
+    def start(args, *rest, **kwargs):
+        raise Started(args)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(plumbing, "Run", start)
+    asked = module.Args().total_timesteps + 1
+    with pytest.raises(Started) as started:
+        module.main(module.Args(total_timesteps=asked))
+    args = started.value.args[0]
+    per_iteration = args.num_envs * getattr(args, "num_steps", 1)
+    assert args.total_timesteps == -(-asked // per_iteration) * per_iteration  # the next whole number of iterations
+    note = f"--total-timesteps={asked} rounded up to {args.total_timesteps}"
+    assert (note in capsys.readouterr().out) == (per_iteration > 1)

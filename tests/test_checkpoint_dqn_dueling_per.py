@@ -10,7 +10,7 @@ import torch
 
 import cleanrl.dqn_dueling_per as script
 from cleanrl.dqn_dueling_per import Args, NStepWindow, PrioritizedReplayBuffer, main, replay_memory_bytes
-from cleanrl_q_utils.plumbing import content_digest
+from cleanrl_q_utils.plumbing import content_digest, read_checkpoint, to_safe
 
 from interrupts import interrupt_at_step
 
@@ -43,7 +43,7 @@ def only_checkpoint():
 
 
 def load(path):
-    return torch.load(path, weights_only=False)
+    return read_checkpoint(path)
 
 
 def test_sigint_writes_a_checkpoint_and_stops(tmp_path, monkeypatch):
@@ -96,14 +96,15 @@ def test_resume_without_replay_refills_the_buffer_and_finishes(tmp_path, monkeyp
     path = only_checkpoint()
     loss, updates = script.weighted_huber_loss, []
     monkeypatch.setattr(script, "weighted_huber_loss", lambda *a: updates.append(1) or loss(*a))
-    scores = main(Args(resume=path, checkpoint_every=1000, gamma=0.5))
+    with pytest.raises(SystemExit, match=r"^error: --gamma=0.5: cannot change on resume \(the checkpoint has 0.99\)"):
+        main(Args(resume=path, checkpoint_every=1000, gamma=0.5))
+    scores = main(Args(resume=path, checkpoint_every=1000))
     # Resumed at step 400 with an empty buffer: one update per iteration only after step 400 + 200.
     assert len(updates) == (2000 - 600) // 4
     out = capsys.readouterr().out
     assert "replaying 400 logged agent steps (100 steps of 4 envs)" in out
-    assert "ignoring --gamma=0.5" in out
     final = load(path)
-    assert final["global_step"] == 2000 and final["args"]["gamma"] == 0.99  # the checkpoint's, not 0.5
+    assert final["global_step"] == 2000 and final["args"]["gamma"] == 0.99
     assert len(scores) == len(final["state"]["stats"]["scores"]) > 0
 
 
@@ -114,7 +115,7 @@ def test_unreadable_checkpoint_is_refused(tmp_path, monkeypatch, damage):
     main(Args(**SMALL, checkpoint_replay=True))
     path = only_checkpoint()
     if damage == "old_format":
-        torch.save(dict(load(path), format=1), path)
+        torch.save(to_safe(dict(load(path), format=1)), path)
     else:
         data = open(path, "rb").read()
         with open(path, "wb") as f:
@@ -131,7 +132,7 @@ def test_diverged_environment_replay_is_refused(tmp_path, monkeypatch):
     checkpoint = load(path)
     checkpoint["state"]["action_log"][5] = 1 - checkpoint["state"]["action_log"][5]  # a different past
     checkpoint["digest"] = content_digest({key: value for key, value in checkpoint.items() if key != "digest"})
-    torch.save(checkpoint, path)
+    torch.save(to_safe(checkpoint), path)
     with pytest.raises(SystemExit, match="environment replay diverged"):
         main(Args(resume=path))
 

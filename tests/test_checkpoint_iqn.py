@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cleanrl import iqn, iqn_atari
+from cleanrl_q_utils.plumbing import read_checkpoint
 
 from interrupts import interrupt_at_step
 
@@ -25,7 +26,7 @@ def checkpoint_path(root):
 
 
 def load(path):
-    return torch.load(path, weights_only=False)
+    return read_checkpoint(path)
 
 
 def tb_scalars(root):

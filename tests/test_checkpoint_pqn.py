@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from cleanrl import pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
+from cleanrl_q_utils.plumbing import read_checkpoint
 
 from interrupts import interrupt_at_step
 
@@ -22,7 +23,7 @@ def only_run_dir(root: Path) -> Path:
 
 
 def load(path: Path) -> dict:
-    return torch.load(path, weights_only=False)
+    return read_checkpoint(path)
 
 
 def tb_returns(run_dir: Path) -> list[tuple[int, float]]:

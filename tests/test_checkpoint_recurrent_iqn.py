@@ -12,6 +12,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanrl import recurrent_iqn, recurrent_iqn_atari
+from cleanrl_q_utils.plumbing import read_checkpoint
 
 from interrupts import interrupt_at_step
 
@@ -39,7 +40,7 @@ def vector_args(**kw):
 
 
 def load(path):
-    return torch.load(path, weights_only=False)
+    return read_checkpoint(path)
 
 
 def checkpoint_path():
@@ -117,7 +118,7 @@ def test_resume_without_replay_waits_for_learning_starts(tmp_path, monkeypatch):
     assert load(path)["state"]["updates"] > 0
     train_step, filled = recurrent_iqn.train_step, []  # steps per environment in the replay at each update
     monkeypatch.setattr(recurrent_iqn, "train_step", lambda *a: filled.append(a[4].pos) or train_step(*a))
-    recurrent_iqn.main(vector_args(resume=path, total_timesteps=1000))
+    recurrent_iqn.main(vector_args(resume=path))
     assert filled and min(filled) > 160 // 4  # the empty buffer is filled for learning_starts steps again
 
 

@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from cleanrl import dqn_dueling_per, iqn, iqn_atari, pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
+from cleanrl_q_utils.plumbing import read_checkpoint
 
 from interrupts import interrupt_at_step
 
 
 def load(path):
-    return torch.load(path, weights_only=False)
+    return read_checkpoint(path)
 
 
 def interrupt_then_resume_fresh(module, monkeypatch, capsys, flags: dict, k: int) -> tuple[dict, dict]:

@@ -13,6 +13,7 @@ from test_checkpoint_r2d2 import TINY_ATARI as R2D2_TINY_ATARI
 from test_checkpoint_recurrent_iqn import TINY as RIQN_TINY
 
 from cleanrl import r2d2, r2d2_atari, recurrent_iqn, recurrent_iqn_atari
+from cleanrl_q_utils.plumbing import read_checkpoint
 
 from interrupts import interrupt_at_step
 
@@ -23,12 +24,12 @@ def interrupted_then_resumed_fresh(module, flags, interrupt_at, monkeypatch, cap
         interrupt_at_step(patch, module, interrupt_at)
         module.main(module.Args(**flags))
     (path,) = glob.glob("runs/*/checkpoint.pt")
-    cut = torch.load(path, weights_only=False)
+    cut = read_checkpoint(path)
     capsys.readouterr()
     module.main(module.Args(resume=path, resume_fresh_envs=True, cuda=False))
     out = capsys.readouterr().out
     assert "resume: fresh environments" in out and "replaying" not in out  # no logged action was stepped
-    final = torch.load(path, weights_only=False)
+    final = read_checkpoint(path)
     assert final["global_step"] == flags["total_timesteps"]
     return cut, final
 

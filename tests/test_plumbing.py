@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils.plumbing import EpisodeStats, Run, check_flags, resume
+from cleanrl_q_utils.plumbing import EpisodeStats, Run, check_flags, read_checkpoint, resume
 
 FORMAT = 7
 
@@ -56,7 +56,7 @@ def test_first_signal_asks_for_a_checkpointed_stop_and_handlers_are_restored_on_
         assert not os.path.exists(run.checkpoint_path)  # --checkpoint-every 0: none without a signal
         signal.raise_signal(signal.SIGTERM)
         assert run.checkpoint_or_stop(20, 10, False, lambda: {"x": 2}) and run.stopped
-        assert torch.load(run.checkpoint_path, weights_only=False)["global_step"] == 20
+        assert read_checkpoint(run.checkpoint_path)["global_step"] == 20
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
     with pytest.raises(SystemExit) as stop:  # a second signal exits at once, with 128 + its number
@@ -83,7 +83,7 @@ def test_a_signal_arriving_while_a_checkpoint_is_written_is_answered_by_the_next
     with start(Args(checkpoint_every=10)) as run:
         assert not run.checkpoint_or_stop(10, 10, False, state_with_signal)  # due, and the signal comes meanwhile
         assert run.checkpoint_or_stop(15, 5, False, lambda: {"x": 2})
-        assert torch.load(run.checkpoint_path, weights_only=False)["global_step"] == 15
+        assert read_checkpoint(run.checkpoint_path)["global_step"] == 15
 
 
 @pytest.mark.parametrize(
@@ -149,7 +149,7 @@ def test_a_second_signal_during_a_large_write_exits_cleanly_and_leaves_the_last_
     assert process.wait(timeout=60) == 128 + signal.SIGTERM
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert not (run_dir / "checkpoint.pt.tmp").exists()
-    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["global_step"] == 1
+    assert read_checkpoint(run_dir / "checkpoint.pt")["global_step"] == 1
 
 
 def test_a_killed_save_leaves_the_previous_checkpoint_whole(tmp_path):
@@ -177,22 +177,33 @@ def test_a_killed_save_leaves_the_previous_checkpoint_whole(tmp_path):
     process.kill()
     process.wait()
     (run_dir,) = (tmp_path / "runs").iterdir()
-    saved = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    saved = read_checkpoint(run_dir / "checkpoint.pt")
     big = saved["state"]["big"]
     assert big.numel() == 20_000_000 and bool((big == saved["global_step"]).all())
 
 
-def test_resume_keeps_the_checkpoints_flags_operational_ones_included_unless_given(capsys):
-    with start(Args(seed=3, learning_rate=0.5, checkpoint_every=1000)) as run:
+def test_resume_keeps_the_checkpoints_flags_unless_given_and_a_given_flag_wins_whatever_its_value(capsys, monkeypatch):
+    with start(Args(seed=3, learning_rate=0.5, checkpoint_every=1000, cuda=True)) as run:
         path = run.save(40, {"x": 1})
     args, checkpoint = resume(Args(resume=path), SCRIPT, FORMAT)  # as the printed hint runs it
     assert (args.seed, args.learning_rate, args.checkpoint_every, args.resume) == (3, 0.5, 1000, path)
-    assert checkpoint["global_step"] == 40
-    given = Args(seed=9, learning_rate=0.1, checkpoint_every=50, resume=path)
-    args, _ = resume(given, SCRIPT, FORMAT)
-    assert (args.seed, args.learning_rate, args.checkpoint_every) == (3, 0.1, 50)  # a recovery flag may change
-    out = capsys.readouterr().out
-    assert "ignoring --seed=9" in out and "--learning-rate changes from 0.5 to 0.1" in out
+    assert checkpoint["global_step"] == 40 and checkpoint["changed"] == []
+    # Given on the command line with the default's value: still given, so it wins over the checkpoint's.
+    monkeypatch.setattr(
+        sys, "argv", ["toy.py", "--resume", path, "--learning-rate=0.001", "--checkpoint_every", "0", "--no-cuda"]
+    )
+    args, checkpoint = resume(Args(resume=path), SCRIPT, FORMAT)
+    assert (args.learning_rate, args.checkpoint_every, args.cuda) == (1e-3, 0, False)
+    assert checkpoint["changed"] == ["--checkpoint-every 1000 -> 0", "--cuda True -> False", "--learning-rate 0.5 -> 0.001"]
+    with Run(args, checkpoint, SCRIPT, FORMAT):
+        pass
+    assert "flags changed on resume: --checkpoint-every 1000 -> 0, --cuda True -> False" in capsys.readouterr().out
+    # A flag that cannot change is refused by name, unless given with the checkpoint's own value (as a launcher does).
+    monkeypatch.setattr(sys, "argv", ["toy.py", "--resume", path, "--seed", "9"])
+    with pytest.raises(SystemExit, match=r"^error: --seed=9: cannot change on resume \(the checkpoint has 3\)"):
+        resume(Args(resume=path, seed=9), SCRIPT, FORMAT)
+    monkeypatch.setattr(sys, "argv", ["toy.py", "--resume", path, "--seed", "3", "--total-timesteps", "100"])
+    assert resume(Args(resume=path, seed=3), SCRIPT, FORMAT)[0].seed == 3
     assert resume(Args(), SCRIPT, FORMAT) == (Args(), None)
 
 
@@ -206,9 +217,81 @@ def test_the_resume_hint_works_from_any_directory(capsys, tmp_path, monkeypatch)
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     args, checkpoint = resume(Args(resume=hint[3]), SCRIPT, FORMAT)
-    with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:  # goes on in the checkpoint's directory
+    with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:  # goes on in the checkpoint's directory, the run's own
         assert resumed.checkpoint_or_stop(20, 10, True, lambda: {"x": 2}) is False
-    assert resumed.checkpoint_path == hint[3] and not (elsewhere / "runs").exists()
+    assert os.path.samefile(resumed.checkpoint_path, hint[3]) and not (elsewhere / "runs").exists()
+
+
+def test_a_checkpoint_outside_its_run_folder_resumes_into_the_run_folder_and_never_over_a_newer_step(tmp_path):
+    with start(Args(checkpoint_every=1)) as run:
+        backup = str(tmp_path / "somewhere" / "backup_step10.pt")
+        os.makedirs(os.path.dirname(backup))
+        os.link(run.save(10, {"x": 1}), backup)
+        run.save(20, {"x": 2})
+    other = tmp_path / "somewhere" / "checkpoint.pt"
+    other.write_bytes(b"another run's file")
+    args, checkpoint = resume(Args(resume=backup), SCRIPT, FORMAT)
+    with pytest.raises(SystemExit, match=r"holds the run's checkpoint at step 20, newer than step 10: resume from it"):
+        Run(args, checkpoint, SCRIPT, FORMAT)
+    assert read_checkpoint(run.checkpoint_path)["global_step"] == 20  # untouched
+    os.remove(run.checkpoint_path)  # moved away: the backup resumes into the run's folder, not beside the backup
+    with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
+        resumed.save(11, {"x": 3})
+    assert resumed.dir == run.dir and read_checkpoint(run.checkpoint_path)["global_step"] == 11
+    assert other.read_bytes() == b"another run's file" and sorted(os.listdir(other.parent)) == [
+        "backup_step10.pt",
+        "checkpoint.pt",
+    ]
+
+
+def test_a_second_process_cannot_run_a_run_that_is_running():
+    with start(Args(checkpoint_every=1)) as run:
+        path = run.save(10, {"x": 1})
+        args, checkpoint = resume(Args(resume=path), SCRIPT, FORMAT)
+        with pytest.raises(SystemExit, match=r"is running in another process"):
+            Run(args, checkpoint, SCRIPT, FORMAT)
+    child = (
+        f"import fcntl, os, time; fd = os.open({run.dir!r}, os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
+        "print(1, flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "1"
+    with pytest.raises(SystemExit, match=r"is running in another process"):
+        Run(args, checkpoint, SCRIPT, FORMAT)
+    holder.kill()  # a process that dies does not leave the lock behind
+    holder.wait()
+    with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
+        assert resumed.dir == run.dir
+
+
+class RunsCode:
+    """Unpickling this object creates the file `marker`: what a crafted checkpoint could do with any code."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("where", ["top", "state", "model"])
+def test_a_file_whose_unpickling_would_run_code_is_refused_without_running_it(tmp_path, where):
+    from cleanrl_q_utils.plumbing import read_model_file
+
+    marker, path = tmp_path / "ran", str(tmp_path / "evil.pt")
+    with start(Args(checkpoint_every=1)) as run:
+        good = read_checkpoint(run.save(1, {"x": 1}))
+    content = {"top": RunsCode(str(marker)), "state": dict(good, state={"x": RunsCode(str(marker))})}.get(where)
+    torch.save(content if where != "model" else {"kind": "cleanrl-q model", "model": RunsCode(str(marker))}, path)
+    with pytest.raises(
+        SystemExit,
+        match=r"^error: --(resume|model-path)=.*evil.pt: not a readable (checkpoint|model file) \(it holds Python objects",
+    ):
+        if where == "model":
+            read_model_file(path)
+        else:
+            resume(Args(resume=path), SCRIPT, FORMAT)
+    assert not marker.exists()
 
 
 def test_runs_started_in_the_same_second_get_directories_of_their_own():
@@ -224,7 +307,7 @@ def test_a_state_with_nan_is_not_written_and_the_previous_checkpoint_stays():
             layer.weight[0, 1] = float("nan")
         with pytest.raises(SystemExit, match=f"non-finite values in the state at step 9.*last good checkpoint: {path}"):
             run.save(9, {"layer": layer, "tree": np.full(4, np.inf)})
-    assert torch.load(path, weights_only=False)["global_step"] == 5
+    assert read_checkpoint(path)["global_step"] == 5
 
 
 def test_a_full_disk_says_so_names_the_last_good_checkpoint_and_leaves_no_partial_file(monkeypatch):
@@ -239,7 +322,7 @@ def test_a_full_disk_says_so_names_the_last_good_checkpoint_and_leaves_no_partia
             with pytest.raises(SystemExit, match=f"is the disk full.*last good checkpoint: {path}"):
                 run.save(9, {"w": torch.ones(3)})
     assert not os.path.exists(path + ".tmp")
-    assert torch.load(path, weights_only=False)["global_step"] == 5
+    assert read_checkpoint(path)["global_step"] == 5
 
 
 def test_a_checkpoint_with_bytes_flipped_inside_a_tensor_is_refused():

@@ -142,7 +142,7 @@ def test_resume_without_the_replay_says_so_and_counts_the_replayed_agent_steps(c
     iqn.main(iqn.Args(**{**TINY["iqn"], "total_timesteps": 400, "checkpoint_every": 400}))
     (path,) = glob.glob("runs/*/checkpoint.pt")
     capsys.readouterr()
-    iqn.main(iqn.Args(resume=path, total_timesteps=800))  # the checkpoint's flags, 400 steps: a finished run
+    iqn.main(iqn.Args(resume=path))  # the checkpoint's flags, 400 steps: a finished run
     out = capsys.readouterr().out
     assert "resume: replaying 400 logged agent steps (200 steps of 2 envs)" in out
     assert "resume: the replay was not saved (--checkpoint-replay was off): it refills from empty, and learning " in out

@@ -1,0 +1,165 @@
+"""Signals and full disks in every phase of a run, in child processes: what is printed, the exit status (128 + the
+signal's number; 2 for a disk error), no traceback, no abort, no empty run folder, the last checkpoint intact."""
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from cleanrl_q_utils.plumbing import read_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_child(code: str, tmp_path, **popen):
+    """A child process running `code` with the plumbing and the toy Args of test_plumbing.py imported."""
+    head = f"""
+        import sys, signal, time, torch
+        sys.path.insert(0, {str(ROOT)!r})
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        from cleanrl_q_utils import plumbing
+        from test_plumbing import Args, SCRIPT
+        sys.argv = ["toy"]
+        """
+    command = [sys.executable, "-c", textwrap.dedent(head) + textwrap.dedent(code)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path, text=True, **popen)
+
+
+def wait_for_line(process, text: str) -> None:
+    for line in process.stdout:
+        if text in line:
+            return
+    pytest.fail(f"the child ended before printing {text!r}: {process.stderr.read()}")
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (the SigCgt mask of /proc/PID/status)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(mask >> (signum - 1) & 1)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_the_libraries_load_exits_quietly(tmp_path, signum):
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "cleanrl" / "pqn.py"), "--total-timesteps", "1024"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 30
+    while not catches(process.pid, signal.SIGHUP):  # the script's first import has run
+        assert time.time() < deadline and process.poll() is None
+        time.sleep(0.005)
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signum, (out, err)
+    assert "Traceback" not in err and f"exiting on {signal.Signals(signum).name}" in out
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_during_training_stops_after_the_step_with_a_checkpoint(tmp_path, signum):
+    process = run_child(
+        f"""
+        def main(args):
+            with plumbing.Run(args, None, SCRIPT, 7) as run:
+                for step in range(1, 100):
+                    if step == 3:
+                        signal.raise_signal({int(signum)})
+                    if run.checkpoint_or_stop(step, 1, step == 99, lambda: {{"step": step}}):
+                        break
+        plumbing.cli(main, Args)
+        """,
+        tmp_path,
+    )
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signum and "Traceback" not in err
+    assert "stopping after this step, with a checkpoint" in out and "continue the run with" in out
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert read_checkpoint(run_dir / "checkpoint.pt")["state"]["step"] == 3
+
+
+def test_a_signal_after_training_exits_at_once_and_says_so_with_the_final_checkpoint_kept(tmp_path):
+    process = run_child(
+        """
+        def main(args):
+            with plumbing.Run(args, None, SCRIPT, 7) as run:
+                assert not run.checkpoint_or_stop(10, 10, True, lambda: {"x": 1})
+                print("evaluating", flush=True)
+                time.sleep(60)  # the final evaluation
+                print("evaluation done", flush=True)
+        sys.argv = ["toy", "--checkpoint-every", "5"]
+        plumbing.cli(main, Args)
+        """,
+        tmp_path,
+    )
+    wait_for_line(process, "evaluating")
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in err
+    assert "training had finished" in out and "stopping after this step" not in out and "evaluation done" not in out
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert read_checkpoint(run_dir / "checkpoint.pt")["global_step"] == 10
+
+
+def test_two_signals_while_a_run_starts_leave_no_run_folder(tmp_path):
+    process = run_child(
+        """
+        def versions(script):
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGTERM)
+            return {}
+        plumbing.software_versions = versions
+        def main(args):
+            with plumbing.Run(args, None, SCRIPT, 7):
+                print("started", flush=True)
+        plumbing.cli(main, Args)
+        """,
+        tmp_path,
+    )
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in err and "started" not in out
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_a_full_disk_while_logging_ends_in_one_line_with_status_2(tmp_path):
+    def small_files():  # writes beyond 64 kB fail with EFBIG, as writes to a full disk fail with ENOSPC
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+
+    process = run_child(
+        """
+        def main(args):
+            with plumbing.Run(args, None, SCRIPT, 7) as run:
+                for step in range(1, 1_000_000):
+                    run.writer.add_scalar("x", float(step), step)
+                    if step % 1000 == 0:
+                        run.writer.flush()
+        plumbing.cli(main, Args)
+        """,
+        tmp_path,
+        preexec_fn=small_files,
+    )
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 2 and "Traceback" not in err
+    assert err.strip().splitlines() == ["error: writing failed: File too large; last good checkpoint: none written"]
+
+
+def test_a_read_only_working_directory_is_refused_in_one_line(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only folders")
+    tmp_path.chmod(0o555)
+    try:
+        process = run_child("plumbing.cli(lambda args: plumbing.Run(args, None, SCRIPT, 7), Args)", tmp_path)
+        out, err = process.communicate(timeout=60)
+    finally:
+        tmp_path.chmod(0o755)
+    assert process.returncode == 1 and err.strip().startswith("error: cannot create the run folder runs/")
