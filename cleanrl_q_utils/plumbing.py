@@ -542,7 +542,13 @@ def make_run_dir(path: str, exist_ok: bool = False) -> None:
     except FileExistsError:
         raise
     except OSError as error:
-        raise SystemExit(f"error: cannot create the run folder {path} ({error.strerror}); start the run where it can write")
+        stop_on_disk_error(f"error: cannot create the run folder {path} ({error.strerror}); start the run where it can write")
+
+
+def stop_on_disk_error(message: str) -> NoReturn:
+    """A full disk or a read-only folder: one line on stderr and exit status 2, as for a bad command line."""
+    print(message, file=sys.stderr, flush=True)
+    raise SystemExit(2)
 
 
 def lock_run_dir(path: str) -> int:
@@ -591,7 +597,7 @@ def check_writable_home(run_dir: str) -> None:
         and os.path.isdir(parent)
         and not os.access(parent, os.W_OK)
     ):
-        raise SystemExit(f"error: cannot write to the run folder {run_dir} (read-only); resume from a folder you can write to")
+        stop_on_disk_error(f"error: cannot write to the run folder {run_dir} (read-only); resume where you can write")
 
 
 def cli(main, args_class) -> None:
@@ -803,8 +809,7 @@ class Run:
         if isinstance(error, OSError) and error.errno in DISK_ERRORS:  # a full disk, a read-only folder: one line
             where = f" {error.filename}" if error.filename else ""
             last = self.last_checkpoint or "none written"
-            print(f"error: writing{where} failed: {error.strerror or error}; last good checkpoint: {last}", file=sys.stderr)
-            raise SystemExit(2) from None
+            stop_on_disk_error(f"error: writing{where} failed: {error.strerror or error}; last good checkpoint: {last}")
 
     def fast_forward(self, envs, action_log: np.ndarray, obs: np.ndarray, reset_flags: tuple, stats, action_dtype=np.int64):
         """Brings the envs, just built with `run.env_seed`, on from the checkpoint; returns (envs, obs) for the loop.

@@ -256,6 +256,30 @@ def test_retries_resume_the_checkpoint_and_a_second_launch_skips_finished_runs(t
     assert not (workdir / "start-4").exists()
 
 
+class RunsCode:
+    """Unpickling this object creates the file `marker` (the pickle names builtins.open, not this class)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_crafted_checkpoint_in_an_output_folder_is_refused_and_runs_no_code(tmp_path):
+    run_dir = tmp_path / "pqn" / "CartPole-v1__1" / "runs" / "CartPole-v1__pqn__1__100"
+    run_dir.mkdir(parents=True)
+    marker = tmp_path / "code-ran"
+    torch.save({"format": 3, "state": RunsCode(str(marker))}, run_dir / "checkpoint.pt")
+    result = launcher("--output-dir", str(tmp_path), "--env-ids", "CartPole-v1", "--seeds", "1", "--", *PQN)
+    assert result.returncode == 1 and summary(result.stdout)[("CartPole-v1", "1")][0] == "FAILED (exit 1)"
+    log = (tmp_path / "pqn" / "CartPole-v1__1" / "console.log").read_text()
+    assert "not a readable checkpoint (it holds Python objects other than tensors and plain values" in log
+    assert "Traceback" not in log and not marker.exists()
+    torch.load(run_dir / "checkpoint.pt", weights_only=False)  # the file is not harmless: read unsafely, it runs code
+    assert marker.exists()
+
+
 def test_a_run_that_keeps_failing_fails_the_launch(tmp_path):
     args = ["--output-dir", str(tmp_path), "--max-retries", "1", "--env-ids", "E", "--seeds", "1"]
     result = launcher(*args, "--", sys.executable, "-c", "import sys; sys.exit(3)")

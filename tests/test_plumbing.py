@@ -292,6 +292,26 @@ def test_a_file_whose_unpickling_would_run_code_is_refused_without_running_it(tm
         else:
             resume(Args(resume=path), SCRIPT, FORMAT)
     assert not marker.exists()
+    torch.load(path, weights_only=False)  # the file is not harmless: read unsafely, it runs code
+    assert marker.exists()
+
+
+def test_weights_of_another_network_are_refused_in_one_line(tmp_path):
+    from cleanrl_q_utils.plumbing import load_weights
+
+    path = str(tmp_path / "other.cleanrl_model")
+    torch.save(nn.Linear(3, 2).state_dict(), path)  # bare weights, as an older or another script wrote them
+    with pytest.raises(SystemExit, match=r"^error: --model-path=.*other.cleanrl_model: its weights do not fit this script"):
+        load_weights(nn.Sequential(nn.Linear(4, 2)), path, "cpu")
+
+
+def test_fresh_environments_far_into_a_run_get_a_seed_envpool_takes(tmp_path):
+    seed = 2**31 - 2**16 - 1  # the largest seed the flags allow
+    with start(Args(seed=seed, checkpoint_every=1)) as run:
+        path = run.save(10**10, {"x": 1})
+    args, checkpoint = resume(Args(resume=path, resume_fresh_envs=True), SCRIPT, FORMAT)
+    with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
+        assert resumed.env_seed == (seed + 10**10) % 2**31 and 0 <= resumed.env_seed < 2**31
 
 
 def test_runs_started_in_the_same_second_get_directories_of_their_own():

@@ -1,7 +1,6 @@
 """Signals and full disks in every phase of a run, in child processes: what is printed, the exit status (128 + the
 signal's number; 2 for a disk error), no traceback, no abort, no empty run folder, the last checkpoint intact."""
 
-import os
 import resource
 import signal
 import subprocess
@@ -153,13 +152,18 @@ def test_a_full_disk_while_logging_ends_in_one_line_with_status_2(tmp_path):
     assert err.strip().splitlines() == ["error: writing failed: File too large; last good checkpoint: none written"]
 
 
-def test_a_read_only_working_directory_is_refused_in_one_line(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root writes into read-only folders")
-    tmp_path.chmod(0o555)
-    try:
-        process = run_child("plumbing.cli(lambda args: plumbing.Run(args, None, SCRIPT, 7), Args)", tmp_path)
-        out, err = process.communicate(timeout=60)
-    finally:
-        tmp_path.chmod(0o755)
-    assert process.returncode == 1 and err.strip().startswith("error: cannot create the run folder runs/")
+def test_a_read_only_working_directory_is_refused_in_one_line():
+    process = run_child("plumbing.cli(lambda args: plumbing.Run(args, None, SCRIPT, 7), Args)", "/sys")  # read-only
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 2 and err.strip().startswith("error: cannot create the run folder runs/")
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_launcher_refuses_a_folder_it_cannot_write_and_a_seed_given_twice(tmp_path):
+    launch = [sys.executable, str(ROOT / "benchmark" / "launch.py"), "--env-ids", "CartPole-v1"]
+    for extra, message in [
+        (["--seeds", "1", "--output-dir", "/sys/sweep"], "error: --output-dir=/sys/sweep: the runs cannot write there"),
+        (["--seeds", "1", "2", "1"], "error: --seeds=1 2 1: 1 is given twice"),
+    ]:
+        done = subprocess.run([*launch, *extra, "--", "python", "x.py"], cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 2 and done.stderr.strip().startswith(message), done.stderr
