@@ -344,6 +344,8 @@ def resume(given, script: str, checkpoint_format: int):
     if not os.path.isfile(given.resume):
         flag_error("resume", given.resume, "no such file")
     checkpoint, names = read_checkpoint(given.resume, "resume"), {field.name for field in fields(given)}
+    if isinstance(checkpoint, dict) and checkpoint.get("kind") == MODEL_FILE:
+        flag_error("resume", given.resume, "a model file (--save-model), not a checkpoint: evaluate it with --eval-only")
     try:
         script = os.path.basename(script)
         if checkpoint.get("script") != script:
@@ -354,6 +356,12 @@ def resume(given, script: str, checkpoint_format: int):
             raise ValueError("its contents do not match their checksum (a damaged file)")
         if not is_plain_name(checkpoint["run_name"]):
             raise ValueError(f"its run name {checkpoint['run_name']!r} is not a folder name")
+        defaults = type(given)()
+        for name, value in checkpoint["args"].items():
+            default = getattr(defaults, name, None)
+            kinds = (type(default), type(None)) if default is None or not isinstance(default, float) else (float, int)
+            if name in names and default is not None and not isinstance(value, kinds) or isinstance(value, (dict, list)):
+                raise ValueError(f"its flag {name} holds {value!r}")
     except (KeyError, TypeError, ValueError) as error:
         flag_error("resume", given.resume, f"not a readable checkpoint ({type(error).__name__}: {error})")
     saved = {**{name: getattr(type(given)(), name) for name in LATER_FLAGS & names}, **checkpoint["args"]}
@@ -730,7 +738,11 @@ class Run:
         """--save-model at the end of training: writes the model file, then plays the evaluation episodes with it
         (recorded with --capture-video), logs their scores and prints their mean."""
         path = f"{self.dir}/{self.args.exp_name}.cleanrl_model"
-        save_model(path, self.script, self.args, network)
+        try:
+            save_model(path, self.script, self.args, network)
+        except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
+            last = self.last_checkpoint or "none written"
+            stop_on_disk_error(f"error: writing the model file {path} failed ({error}); last good checkpoint: {last}")
         print(f"model saved to {path}")
         self.eval_scores = evaluate(path, self.args, device, self.name)  # videos, if recorded: videos/<run name>
         for episode, score in enumerate(self.eval_scores):
@@ -854,9 +866,13 @@ class Run:
         saved = self.checkpoint["state"]
         if set(saved) != set(state):
             flag_error("resume", self.args.resume, f"holds {sorted(saved)}, expected {sorted(state)}")
-        for key, value in state.items():
-            load_into(value, saved[key])
-        set_rng_states(self.checkpoint["rng"])
+        try:
+            for key, value in state.items():
+                load_into(value, saved[key])
+            set_rng_states(self.checkpoint["rng"])
+        except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as error:
+            first = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
+            flag_error("resume", self.args.resume, f"its state does not fit this run ({type(error).__name__}: {first})")
         print(f"resume: continuing {self.name} from step {self.checkpoint['global_step']}")
         return saved
 
@@ -903,10 +919,10 @@ class Run:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
             if isinstance(error, (OSError, RuntimeError)):  # torch.save reports a full disk as a RuntimeError
-                raise SystemExit(
+                stop_on_disk_error(
                     f"error: writing the checkpoint failed at step {global_step} ({error}); is the disk full? "
                     f"last good checkpoint: {self.last_checkpoint or 'none written'}"
-                ) from None
+                )
             raise
         finally:
             self.writing = False
@@ -985,6 +1001,8 @@ def read_model_file(path: str, device="cpu") -> dict:
         saved = torch.load(path, map_location=device, weights_only=True)
     except Exception as error:
         flag_error("model_path", path, f"not a readable model file ({unreadable_reason(error)})")
+    if isinstance(saved, dict) and {"format", "digest", "state"} <= set(saved):
+        flag_error("model_path", path, "a checkpoint, not a model file: --save-model writes one (or --resume this)")
     return saved if isinstance(saved, dict) and saved.get("kind") == MODEL_FILE else {"model": saved}
 
 

@@ -110,7 +110,11 @@ def run_child(code, tmp_path):
         """
     )
     return subprocess.Popen(
-        [sys.executable, "-c", child + textwrap.dedent(code)], stdout=subprocess.PIPE, cwd=tmp_path, text=True
+        [sys.executable, "-c", child + textwrap.dedent(code)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        text=True,
     )
 
 
@@ -147,8 +151,9 @@ def test_a_second_signal_during_a_large_write_exits_cleanly_and_leaves_the_last_
     time.sleep(0.3)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 128 + signal.SIGTERM
+    assert "terminate called" not in process.stderr.read()  # no abort of the writing thread
     (run_dir,) = (tmp_path / "runs").iterdir()
-    assert not (run_dir / "checkpoint.pt.tmp").exists()
+    assert [path.name for path in run_dir.iterdir() if path.suffix == ".tmp"] == []  # the partial file is removed
     assert read_checkpoint(run_dir / "checkpoint.pt")["global_step"] == 1
 
 
@@ -330,7 +335,7 @@ def test_a_state_with_nan_is_not_written_and_the_previous_checkpoint_stays():
     assert read_checkpoint(path)["global_step"] == 5
 
 
-def test_a_full_disk_says_so_names_the_last_good_checkpoint_and_leaves_no_partial_file(monkeypatch):
+def test_a_full_disk_says_so_names_the_last_good_checkpoint_and_leaves_no_partial_file(monkeypatch, capsys):
     def full_disk(obj, file):
         file.write(b"partial")
         raise RuntimeError("[enforce fail at inline_container.cc] basic_ios::clear: iostream error")
@@ -339,9 +344,12 @@ def test_a_full_disk_says_so_names_the_last_good_checkpoint_and_leaves_no_partia
         path = run.save(5, {"w": torch.ones(3)})
         with monkeypatch.context() as patch:
             patch.setattr(torch, "save", full_disk)
-            with pytest.raises(SystemExit, match=f"is the disk full.*last good checkpoint: {path}"):
+            with pytest.raises(SystemExit) as stop:
                 run.save(9, {"w": torch.ones(3)})
-    assert not os.path.exists(path + ".tmp")
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: writing the checkpoint failed at step 9") and f"last good checkpoint: {path}" in line
+    assert [name for name in os.listdir(os.path.dirname(path)) if name.endswith(".tmp")] == []
     assert read_checkpoint(path)["global_step"] == 5
 
 
@@ -558,3 +566,25 @@ def test_episode_stats_counts_whole_episodes_without_the_reset_step():
     finished = [stats.update(np.array(r), np.array(reset), np.array(over)) for r, reset, over in steps]
     assert finished == [[], [(3.0, 2)], [(7.0, 3)], []]
     assert stats.scores == [3.0, 7.0] and list(stats.returns) == [1.0, 0.0] and list(stats.lengths) == [1, 0]
+
+
+def test_a_model_file_and_a_checkpoint_are_not_taken_for_each_other(tmp_path):
+    from cleanrl_q_utils.plumbing import content_digest, read_model_file, save_model, to_safe
+
+    model = str(tmp_path / "toy.cleanrl_model")
+    save_model(model, SCRIPT, Args(), nn.Linear(2, 2))
+    with pytest.raises(SystemExit, match=r"^error: --resume=.*toy.cleanrl_model: a model file \(--save-model\), not a"):
+        resume(Args(resume=model), SCRIPT, FORMAT)
+    with start(Args(checkpoint_every=1)) as run:
+        path = run.save(3, {"x": 1})
+    with pytest.raises(SystemExit, match=r"^error: --model-path=.*checkpoint.pt: a checkpoint, not a model file"):
+        read_model_file(path)
+    # A file crafted with a valid checksum but a flag of the wrong type is refused before anything uses the flag.
+    crafted = read_checkpoint(path)
+    crafted["args"]["learning_rate"] = "0.1; rm -rf /"
+    crafted["digest"] = content_digest({key: value for key, value in crafted.items() if key != "digest"})
+    torch.save(to_safe(crafted), path)
+    with pytest.raises(
+        SystemExit, match=r"^error: --resume=.*: not a readable checkpoint \(ValueError: its flag learning_rate"
+    ):
+        resume(Args(resume=path), SCRIPT, FORMAT)
