@@ -433,7 +433,7 @@ def main(args: Args) -> list[float]:
         return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    args = plumbing.whole_iterations(args, args.num_envs, "vector steps (--num-envs)")
+    args = plumbing.whole_iterations(args)
     # A small MLP only pays synchronization for intra-op threads; one thread also frees results from the core count.
     cpu_threads = None if args.env_id.endswith("-v5") else 1
     with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads) as run:

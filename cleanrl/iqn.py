@@ -341,7 +341,7 @@ def main(args: Args) -> list[float]:
         return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    args = plumbing.whole_iterations(args, args.num_envs, "vector steps (--num-envs)")
+    args = plumbing.whole_iterations(args)
     # cpu_threads=1: a network this small only pays synchronization for threads
     with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
         plumbing.seed_everything(args.seed, args.torch_deterministic)

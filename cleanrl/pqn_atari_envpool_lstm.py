@@ -299,7 +299,7 @@ def main(args: Args) -> list[float]:
         return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    args = plumbing.whole_iterations(args, args.num_envs * args.num_steps, "rollouts (--num-envs x --num-steps)")
+    args = plumbing.whole_iterations(args)
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     epsilon_duration = args.exploration_fraction * args.total_timesteps

@@ -564,7 +564,7 @@ def main(args: Args) -> list[float]:
         return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    args = plumbing.whole_iterations(args, args.num_envs, "vector steps (--num-envs)")
+    args = plumbing.whole_iterations(args)
     with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
         plumbing.seed_everything(args.seed, args.torch_deterministic)
         device = run.device

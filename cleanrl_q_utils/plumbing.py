@@ -154,12 +154,19 @@ def check_wandb_login() -> None:
     )
 
 
-def whole_iterations(args, steps_per_iteration: int, what: str):
-    """`args` with --total-timesteps a whole number of iterations of `steps_per_iteration` agent steps (`what` names
-    one): a total between two multiples is rounded up, with a note, rather than run short without a word."""
-    total = -(-args.total_timesteps // steps_per_iteration) * steps_per_iteration
+def rounded_total(args, total: int) -> int:
+    """`total` rounded up to whole iterations of a script's loop: PQN rollouts (--num-envs x --num-steps), else steps
+    of every environment (--num-envs)."""
+    per_iteration = getattr(args, "num_envs", 1) * getattr(args, "num_steps", 1)
+    return -(-total // per_iteration) * per_iteration
+
+
+def whole_iterations(args):
+    """`args` with --total-timesteps a whole number of iterations: a total between two multiples is rounded up,
+    with a note, rather than run short without a word."""
+    total = rounded_total(args, args.total_timesteps)
     if total != args.total_timesteps:
-        print(f"note: --total-timesteps={args.total_timesteps} rounded up to {total}, a whole number of {what}")
+        print(f"note: --total-timesteps={args.total_timesteps} rounded up to {total}, a whole number of iterations")
     return replace(args, total_timesteps=total)
 
 
@@ -369,8 +376,8 @@ def resume(given, script: str, checkpoint_format: int):
     args, changed = replace(type(given)(**saved), resume=given.resume, resume_fresh_envs=given.resume_fresh_envs), []
     for name in sorted(flags_given(given) - {"resume", "resume_fresh_envs"}):
         value = getattr(given, name)
-        if value == saved[name]:
-            continue
+        if value == saved[name] or name == "total_timesteps" and rounded_total(args, value) == saved[name]:
+            continue  # the same value (a launcher repeats the whole command), or the total it was rounded up to
         if name not in CHANGEABLE_ON_RESUME:
             changeable = ", ".join("--" + flag.replace("_", "-") for flag in CHANGEABLE_ON_RESUME if flag in names)
             flag_error(name, value, f"cannot change on resume (the checkpoint has {saved[name]}); these can: {changeable}")

@@ -180,3 +180,24 @@ def test_tracked_resume_continues_the_same_wandb_run(offline_wandb, monkeypatch)
     final = load(path)
     assert final["global_step"] == 256 and final["wandb_id"] == run_id
     assert len(list(offline_wandb.glob(f"offline-run-*-{run_id}"))) == 2
+
+
+def test_a_launcher_repeating_the_command_resumes_a_run_whose_total_was_rounded_up(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
+    flags = dict(SMALL, total_timesteps=2000)  # 31.25 rollouts of 64 agent steps: 32 are run
+    command = ["pqn.py", "--total-timesteps", "2000", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2"]
+    command += ["--update-epochs", "2", "--checkpoint-every", "1024"]
+    interrupt_at_step(monkeypatch, pqn, k=40)
+    monkeypatch.setattr("sys.argv", command)
+    pqn.main(pqn.Args(**flags))
+    assert "--total-timesteps=2000 rounded up to 2048" in capsys.readouterr().out
+    path = str(only_run_dir(tmp_path) / "checkpoint.pt")
+    assert load(path)["args"]["total_timesteps"] == 2048
+    monkeypatch.setattr("sys.argv", [*command, "--resume", path])
+    pqn.main(pqn.Args(**flags, resume=path))  # the same command and --resume, as launch.py retries a run
+    assert load(path)["global_step"] == 2048
+    monkeypatch.setattr("sys.argv", [*command[:1], "--total-timesteps", "4096", "--resume", path])
+    with pytest.raises(
+        SystemExit, match=r"^error: --total-timesteps=4096: cannot change on resume \(the checkpoint has 2048\)"
+    ):
+        pqn.main(pqn.Args(**dict(flags, total_timesteps=4096), resume=path))
