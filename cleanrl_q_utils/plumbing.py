@@ -445,10 +445,20 @@ def from_safe(value):
     return value
 
 
+def new_temporary_file(path: str) -> tuple[int, str]:
+    """(descriptor, path) of a new file beside `path`, with the permissions a plain `open` would give it (mkstemp's
+    are owner-only, which would hide checkpoints and models from the colleagues a folder is shared with)."""
+    handle, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path) or ".")
+    umask = os.umask(0o22)
+    os.umask(umask)
+    os.fchmod(handle, 0o666 & ~umask)
+    return handle, tmp
+
+
 def write_atomically(path: str, write: Callable) -> None:
     """Calls `write(file)` on a new temporary file beside `path`, syncs it, then renames it over `path`: readers see the
     old file or the new one whole, never a part (a crash, a full disk, a signal), and two writers never share a file."""
-    handle, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path) or ".")
+    handle, tmp = new_temporary_file(path)
     try:
         with os.fdopen(handle, "wb") as file:
             write(file)
@@ -583,7 +593,7 @@ def resumed_run_dir(resume_path: str, checkpoint: dict) -> str:
     runs/<run name>/checkpoint.pt is), else runs/<run name> under the working directory. It never writes beside a
     checkpoint that is not in its run's folder (a backup, a copy, another run's folder)."""
     folder = os.path.dirname(resume_path) or "."
-    return folder if os.path.basename(os.path.abspath(folder)) == checkpoint["run_name"] else f"runs/{checkpoint['run_name']}"
+    return folder if os.path.basename(os.path.realpath(folder)) == checkpoint["run_name"] else f"runs/{checkpoint['run_name']}"
 
 
 def check_newer_checkpoint(path: str, resume_path: str, step: int) -> None:
@@ -666,8 +676,8 @@ class Run:
         try:
             self.open_run_dir(checkpoint)
             self.start_logs(checkpoint)
-        except BaseException:  # a signal or an error while starting: nothing of this run is left half made
-            self.close(remove_if_new=True)
+        except BaseException as error:  # a signal or an error while starting: nothing of this run is left half made
+            self.__exit__(type(error), error, None)
             raise
 
     def open_run_dir(self, checkpoint: Optional[dict]) -> None:
@@ -900,7 +910,7 @@ class Run:
         checkpoint["digest"] = content_digest(checkpoint)
         checkpoint = to_safe(checkpoint)
         self.writer.flush()  # the logs up to this step are on disk before the checkpoint that vouches for them
-        handle, tmp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=self.dir)
+        handle, tmp = new_temporary_file(self.checkpoint_path)
         failed = []
 
         def write():
