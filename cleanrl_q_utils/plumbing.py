@@ -596,19 +596,22 @@ def resumed_run_dir(resume_path: str, checkpoint: dict) -> str:
     return folder if os.path.basename(os.path.realpath(folder)) == checkpoint["run_name"] else f"runs/{checkpoint['run_name']}"
 
 
-def check_newer_checkpoint(path: str, resume_path: str, step: int) -> None:
-    """Stops a resume from an older step (a backup) that would overwrite the run's newer checkpoint at `path`."""
+def check_newer_checkpoint(path: str, resume_path: str, checkpoint: dict) -> None:
+    """Stops a resume that would overwrite, at `path`, a newer checkpoint of the run or a file that is not this run's."""
     if not os.path.exists(path) or os.path.samefile(path, resume_path):
         return
     try:  # mmap: only the few plain values are read, not the tensors
-        present = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"]
+        present = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        present_step = present["global_step"] if present["run_name"] == checkpoint["run_name"] else None
     except Exception:
-        present = None
-    if present is None or present > step:
-        what = f"the run's checkpoint at step {present}" if present is not None else "a file that is not a readable checkpoint"
+        present_step = None
+    step = checkpoint["global_step"]
+    if present_step is None:
+        raise SystemExit(f"error: --resume={resume_path}: {path} is not a checkpoint of this run; move it away to resume")
+    if present_step > step:
         raise SystemExit(
-            f"error: --resume={resume_path}: {path} holds {what}, newer than step {step}: resume from it, or move it "
-            f"away to go back to step {step}"
+            f"error: --resume={resume_path}: {path} holds the run's checkpoint at step {present_step}, newer than step "
+            f"{step}: resume from it, or move it away to go back to step {step}"
         )
 
 
@@ -694,7 +697,7 @@ class Run:
         self.checkpoint_path = f"{self.dir}/checkpoint.pt"
         self.last_checkpoint = None
         if checkpoint is not None:
-            check_newer_checkpoint(self.checkpoint_path, args.resume, checkpoint["global_step"])
+            check_newer_checkpoint(self.checkpoint_path, args.resume, checkpoint)
             self.last_checkpoint = args.resume
 
     def start_logs(self, checkpoint: Optional[dict]) -> None:

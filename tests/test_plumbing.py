@@ -239,6 +239,11 @@ def test_a_checkpoint_outside_its_run_folder_resumes_into_the_run_folder_and_nev
     with pytest.raises(SystemExit, match=r"holds the run's checkpoint at step 20, newer than step 10: resume from it"):
         Run(args, checkpoint, SCRIPT, FORMAT)
     assert read_checkpoint(run.checkpoint_path)["global_step"] == 20  # untouched
+    os.replace(run.checkpoint_path, other.with_name("newer.pt"))
+    with open(run.checkpoint_path, "wb") as file:
+        file.write(b"something else")
+    with pytest.raises(SystemExit, match=r"checkpoint.pt is not a checkpoint of this run; move it away to resume$"):
+        Run(args, checkpoint, SCRIPT, FORMAT)
     os.remove(run.checkpoint_path)  # moved away: the backup resumes into the run's folder, not beside the backup
     with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
         resumed.save(11, {"x": 3})
