@@ -248,10 +248,8 @@ def test_a_checkpoint_outside_its_run_folder_resumes_into_the_run_folder_and_nev
     with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
         resumed.save(11, {"x": 3})
     assert resumed.dir == run.dir and read_checkpoint(run.checkpoint_path)["global_step"] == 11
-    assert other.read_bytes() == b"another run's file" and sorted(os.listdir(other.parent)) == [
-        "backup_step10.pt",
-        "checkpoint.pt",
-    ]
+    assert other.read_bytes() == b"another run's file"
+    assert sorted(os.listdir(other.parent)) == ["backup_step10.pt", "checkpoint.pt", "newer.pt"]
 
 
 def test_a_second_process_cannot_run_a_run_that_is_running():
