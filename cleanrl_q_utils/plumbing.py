@@ -757,6 +757,11 @@ class Run:
     def save_and_evaluate(self, network: nn.Module, evaluate: Callable, device: torch.device) -> list[float]:
         """--save-model at the end of training: writes the model file, then plays the evaluation episodes with it
         (recorded with --capture-video), logs their scores and prints their mean."""
+        if self.stop_requested:  # asked to stop before the loop took a step (a resume of a finished run)
+            global stop_signal
+            self.stopped, stop_signal = True, self.signum
+            print(f"stopped before the final evaluation; the checkpoint is unchanged: {self.last_checkpoint}")
+            return []
         path = f"{self.dir}/{self.args.exp_name}.cleanrl_model"
         try:
             save_model(path, self.script, self.args, network)
