@@ -240,10 +240,9 @@ class SequenceReplay:
     def __init__(self, args: Args, obs_shape: tuple, obs_dtype):
         self.num_envs, self.steps = args.num_envs, args.buffer_size // args.num_envs
         shape = (self.num_envs, self.steps)  # one ring of slots per environment
-        self.seq_len, self.burn_in = args.seq_len, args.burn_in
-        self.period, self.window = args.sequence_period, args.burn_in + args.seq_len + args.n_step
-        self.prioritized_replay_alpha = args.prioritized_replay_alpha
-        self.save_arrays = args.checkpoint_replay  # whether checkpoints hold the stored steps and sequences
+        self.seq_len, self.burn_in, self.period = args.seq_len, args.burn_in, args.sequence_period
+        self.window = args.burn_in + args.seq_len + args.n_step  # burn-in prefix, trained steps, target steps
+        self.prioritized_replay_alpha, self.save_arrays = args.prioritized_replay_alpha, args.checkpoint_replay
         self.history = 1  # slots read before a window: the previous action and reward
         self.obs = np.zeros((*shape, *obs_shape), dtype=obs_dtype)
         self.actions = np.zeros(shape, dtype=np.uint8)

@@ -255,10 +255,9 @@ class SequenceReplay:
     def __init__(self, args: Args, obs_shape: tuple, obs_dtype):
         self.num_envs, self.steps = args.num_envs, args.buffer_size // args.num_envs
         shape = (self.num_envs, self.steps)  # one ring of slots per environment
-        self.seq_len, self.burn_in = args.seq_len, args.burn_in
-        self.period, self.window = args.sequence_period, args.burn_in + args.seq_len + args.n_step
-        self.prioritized_replay_alpha = args.prioritized_replay_alpha
-        self.save_arrays = args.checkpoint_replay  # whether checkpoints hold the stored steps and sequences
+        self.seq_len, self.burn_in, self.period = args.seq_len, args.burn_in, args.sequence_period
+        self.window = args.burn_in + args.seq_len + args.n_step  # burn-in prefix, trained steps, target steps
+        self.prioritized_replay_alpha, self.save_arrays = args.prioritized_replay_alpha, args.checkpoint_replay
         self.frame_stack = args.frame_stack
         self.history = max(1, args.frame_stack - 1)  # slots read before a window: previous action, older frames
         self.obs = np.zeros((*shape, *obs_shape), dtype=obs_dtype)
@@ -474,7 +473,8 @@ def evaluate(model_path: str, args: Args, device, run_name: str) -> list[float]:
     model.load_state_dict(plumbing.load_weights(model_path, device))
     scores = play(model, envs, obs, args.frame_stack, device, args.eval_epsilon)
     if args.capture_video:
-        video_env = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name, frame_stack=1)])
+        video = dict(frame_stack=1, max_episode_steps=27_000, episodic_life=False)  # the game as trained and scored
+        video_env = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name, **video)])
         play(model, video_env, video_env.reset(seed=0)[0], args.frame_stack, device, args.eval_epsilon)
         video_env.close()
     return scores
@@ -549,6 +549,7 @@ def main(args: Args) -> list[float]:
             explore = rng.random(num_envs) < epsilons
             actions = np.where(explore, rng.integers(num_actions, size=num_envs), q[0].argmax(-1).cpu().numpy())
             next_obs, reward, terminated, truncated, info = envs.step(actions)
+            terminated = plumbing.terminated_at_step_cap(terminated, truncated, info)  # a game over on the capped step
             action_log[iteration] = actions
             rb.add(
                 obs[:, -1], actions, reward, terminated, truncated, is_first, is_reset_step, h.cpu().numpy(), c.cpu().numpy()
