@@ -2,6 +2,7 @@
 trained and scored, and every Atari docs page states the protocol the scripts implement."""
 
 import inspect
+import pathlib
 
 import numpy as np
 import pytest
@@ -188,3 +189,72 @@ def test_every_atari_training_loop_counts_a_game_over_on_the_capped_step_as_term
     source = inspect.getsource(module.main)
     step = source.index(" = envs.step(")
     assert "plumbing.terminated_at_step_cap(terminated, truncated, info" in source[step : source.index("\n", step) + 400]
+
+
+# ---------------------------------------------------------------- the protocol stated in the docs
+DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "rl-algorithms"
+PROTOCOL_PAGES = ["dqn_dueling_per.md", "iqn.md", "pqn.md", "r2d2.md", "recurrent_iqn.md"]
+ROWS = [
+    "Frame skip (emulator frames per agent step, max-pooled)",
+    "Sticky actions (repeat-action probability)",
+    "No-op starts (at most)",
+    "Frames per network input",
+    "A lost life ends a training episode (terminal)",
+    "The environment presses FIRE",
+    "Step cap (agent steps)",
+    "A game over on the capped step",
+    "Reward clipping in training",
+    "Evaluation epsilon (`--eval-epsilon`)",
+    "Evaluation episodes (`--eval-episodes`)",
+    "Evaluation score",
+]
+
+
+def protocol_table(page: str) -> tuple[list[str], dict[str, list[str]], str]:
+    """(scripts named in the header, row label -> cells, the text between the table and the next heading) of the
+    page's `## Atari protocol` section, which must come right before `## Hyperparameters`."""
+    text = (DOCS / page).read_text()
+    start = text.index("\n## Atari protocol\n")
+    end = text.index("\n## ", start + 1)
+    assert text[end:].startswith("\n## Hyperparameters\n"), page
+    lines = text[start:end].strip().splitlines()[2:]
+    table = [line for line in lines if line.startswith("|")]
+    note = "\n".join(lines[len(table) :]).strip()
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in table]
+    header, body = rows[0], rows[2:]
+    assert header[0] == "Setting" and set(rows[1]) == {"---"}
+    scripts = [cell.strip("`").removesuffix(".py") for cell in header[1:]]
+    return scripts, {row[0]: row[1:] for row in body}, note
+
+
+def test_every_atari_page_has_the_same_protocol_table_in_the_same_place():
+    notes = []
+    for page in PROTOCOL_PAGES:
+        _, rows, note = protocol_table(page)
+        assert list(rows) == ROWS, page
+        notes.append(note.split("\n\n")[0])  # the shared paragraph; a page may add its own after it
+    assert len(set(notes)) == 1
+    assert sorted(s for page in PROTOCOL_PAGES for s in protocol_table(page)[0]) == sorted(map(script_id, ATARI_SCRIPTS))
+
+
+@pytest.mark.parametrize("module", ATARI_SCRIPTS, ids=script_id)
+def test_the_docs_protocol_table_states_what_the_script_does(module):
+    name = script_id(module)
+    (page,) = [page for page in PROTOCOL_PAGES if name in protocol_table(page)[0]]
+    scripts, rows, _ = protocol_table(page)
+    said = {label: cells[scripts.index(name)] for label, cells in rows.items()}
+    config, args = make_training_env(module, "Breakout-v5", seed=1).spec.config, module.Args()
+    assert int(said[ROWS[0]]) == config.frame_skip
+    assert float(said[ROWS[1]]) == config.repeat_action_probability
+    assert int(said[ROWS[2]]) == config.noop_max
+    assert int(said[ROWS[3]]) == getattr(args, "frame_stack", config.stack_num)
+    assert said[ROWS[4]] == ("yes" if config.episodic_life else "no")
+    assert config.use_fire_reset
+    assert said[ROWS[5]] == ("at a game's start and after a lost life" if config.episodic_life else "at a game's start only")
+    assert int(said[ROWS[6]].replace(",", "")) == config.max_episode_steps
+    assert said[ROWS[7]] == "termination (no bootstrap)"  # test_every_atari_training_loop_... checks the loop
+    assert said[ROWS[8]] == ("sign" if config.reward_clip else "none")
+    assert float(said[ROWS[9]]) == args.eval_epsilon
+    assert int(said[ROWS[10]]) == args.eval_episodes
+    assert said[ROWS[11]] == "whole games, raw rewards"
+    assert "make_env(" in inspect.getsource(module.evaluate)  # evaluation plays on the training environment
