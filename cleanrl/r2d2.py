@@ -404,10 +404,8 @@ def sequence_td_errors(q_network, target_network, batch, burn_in: int, seq_len: 
     steps, end = seq_len, burn_in + seq_len
     q_taken = q[:steps].gather(-1, batch["actions"][burn_in:end].clamp(min=0).unsqueeze(-1)).squeeze(-1)
     # n-step return that stops at the episode end; only termination cuts the bootstrap, a time-out keeps it
-    returns = torch.zeros_like(q_taken)
-    alive = torch.ones_like(q_taken, dtype=torch.bool)
-    offset = torch.full_like(batch["actions"][:steps], n_step)
-    bootstrap = torch.ones_like(alive)
+    returns, alive = torch.zeros_like(q_taken), torch.ones_like(q_taken, dtype=torch.bool)
+    offset, bootstrap = torch.full_like(batch["actions"][:steps], n_step), torch.ones_like(alive)
     for k in range(n_step):
         rows = slice(burn_in + k, end + k)
         returns += alive * gamma**k * batch["rewards"][rows]

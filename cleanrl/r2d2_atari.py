@@ -420,10 +420,8 @@ def sequence_td_errors(q_network, target_network, batch, burn_in: int, seq_len: 
     steps, end = seq_len, burn_in + seq_len
     q_taken = q[:steps].gather(-1, batch["actions"][burn_in:end].clamp(min=0).unsqueeze(-1)).squeeze(-1)
     # n-step return that stops at the episode end; only termination cuts the bootstrap, a time-out keeps it
-    returns = torch.zeros_like(q_taken)
-    alive = torch.ones_like(q_taken, dtype=torch.bool)
-    offset = torch.full_like(batch["actions"][:steps], n_step)
-    bootstrap = torch.ones_like(alive)
+    returns, alive = torch.zeros_like(q_taken), torch.ones_like(q_taken, dtype=torch.bool)
+    offset, bootstrap = torch.full_like(batch["actions"][:steps], n_step), torch.ones_like(alive)
     for k in range(n_step):
         rows = slice(burn_in + k, end + k)
         returns += alive * gamma**k * batch["rewards"][rows]
@@ -472,9 +470,8 @@ def evaluate(model_path: str, args: Args, device, run_name: str) -> list[float]:
     model = QNetwork(args.frame_stack, int(envs.action_space.n), args.lstm_size).to(device)
     model.load_state_dict(plumbing.load_weights(model_path, device))
     scores = play(model, envs, obs, args.frame_stack, device, args.eval_epsilon)
-    if args.capture_video:
-        video = dict(frame_stack=1, max_episode_steps=27_000, episodic_life=False)  # the game as trained and scored
-        video_env = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name, **video)])
+    if args.capture_video:  # the game as trained and scored: frame_stack 1, the 27,000-step cap, no episodic life
+        video_env = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name, 1, 27_000, False)])
         play(model, video_env, video_env.reset(seed=0)[0], args.frame_stack, device, args.eval_epsilon)
         video_env.close()
     return scores

@@ -167,11 +167,12 @@ def test_the_video_records_the_game_as_trained_and_scored(module, monkeypatch, t
     args, kwargs = video_env_of(module, tmp_path)
     training = make_training_env(module, "Breakout-v5", seed=5)
     config = training.spec.config
-    assert kwargs.get("max_episode_steps") == config.max_episode_steps  # the same cap
-    assert kwargs.get("episodic_life", True) == config.episodic_life  # the same serving after a lost life
+    given = inspect.signature(plumbing.make_video_env).bind(*args, **kwargs)
+    given.apply_defaults()
+    assert given.arguments["max_episode_steps"] == config.max_episode_steps  # the same cap
+    assert given.arguments["episodic_life"] == config.episodic_life  # the same serving after a lost life
+    assert given.arguments["frame_stack"] == config.stack_num
     video = plumbing.make_video_env(*args, **kwargs)
-    frame_stack = kwargs.get("frame_stack", args[2] if len(args) > 2 else 4)
-    assert frame_stack == config.stack_num
     import gymnasium as gym
 
     video = gym.vector.SyncVectorEnv([lambda: video])
