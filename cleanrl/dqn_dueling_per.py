@@ -495,7 +495,7 @@ def main(args: Args) -> list[float]:
             actions = act(q_network, obs, epsilon, num_actions, device)
             action_log[iteration - 1] = actions
             next_obs, rewards, terminated, truncated, info = envs.step(actions)
-            # True game score: unclipped, over all lives, ended by game over or time-out.
+            terminated = plumbing.terminated_at_step_cap(terminated, truncated, info)  # true score: all lives, unclipped
             raw_rewards, game_over = true_game_end(rewards, terminated, truncated, info)
             stats.update(raw_rewards, is_reset_step, game_over & ~is_reset_step, run.writer, global_step)
             rb.add(*window.push(obs, actions, rewards, terminated, truncated, next_obs, is_reset_step))

@@ -436,7 +436,7 @@ def main(args: Args) -> list[float]:
             action_log[iteration] = actions
             iteration += 1
             next_obs, rewards, terminated, truncated, infos = envs.step(actions)
-
+            terminated = plumbing.terminated_at_step_cap(terminated, truncated, infos)  # a game over on the capped step
             # NEXT_STEP autoreset: after a last step, envpool's next step is a reset step, never a transition.
             rb.add(obs[:, -1], is_first, actions, rewards, terminated, valid=~is_reset_step)
             game_over = infos["terminated"].astype(bool) | truncated  # true game scores: all lives, raw, time-outs too

@@ -332,7 +332,7 @@ def main(args: Args) -> list[float]:
 
                 next_obs, reward, terminated, truncated, info = envs.step(actions[step])
                 rewards[step] = reward  # clipped; `terminated` includes life losses
-                terminations[step] = terminated
+                terminations[step] = plumbing.terminated_at_step_cap(terminated, truncated, info)
                 game_over = info["terminated"].astype(bool) | truncated
                 stats.update(info["reward"], next_is_reset_step, game_over, run.writer, global_step)
                 next_is_reset_step = terminated | truncated

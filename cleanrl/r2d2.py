@@ -1,8 +1,9 @@
 """R2D2 (Recurrent Replay Distributed DQN) for vector observations.
 
 An LSTM Q-network learns from prioritized replay of fixed-length sequences: each sequence starts from the
-recurrent state the actor had when it was collected, the first `burn_in` steps only warm that state up, and the
-remaining steps are trained with n-step double-Q targets under value rescaling. Many vectorized environments act
+recurrent state the actor had when it was collected, a burn-in prefix only warms that state up, and the `seq_len`
+steps after it are trained with n-step double-Q targets under value rescaling; a sequence starts every
+`sequence_period` steps, so each step is trained in `seq_len / sequence_period` sequences. Many vectorized environments act
 with fixed per-actor epsilons in place of the paper's distributed actors. `--mask-velocity` hides CartPole's
 velocities, so the network has to infer them from its memory.
 
@@ -23,7 +24,7 @@ import torch.nn as nn
 
 from cleanrl_q_utils import plumbing
 
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 3  # 3: --seq-len counts the trained steps only; --sequence-period
 
 
 @dataclass
@@ -67,12 +68,12 @@ class Args:
     """environment steps collected before learning starts"""
     batch_size: int = 32
     """sequences per learner update"""
-    seq_len: int = 20
-    """steps per replayed sequence, burn-in included"""
+    seq_len: int = 10
+    """trained steps per replayed sequence (after its burn-in prefix)"""
     burn_in: int = 10
-    """first steps of a sequence that only warm up the recurrent state (no gradient)"""
-    overlap: int = 10
-    """steps shared by adjacent sequences of an episode"""
+    """steps stored before a sequence's trained steps that only warm up the recurrent state (no gradient, no loss)"""
+    sequence_period: int = 10
+    """steps between the starts of consecutive sequences of an episode (each step is trained seq-len / period times)"""
     n_step: int = 5
     """steps of the n-step return"""
     gamma: float = 0.99
@@ -121,15 +122,13 @@ class Args:
 def validate_args(args: Args) -> None:
     plumbing.check_common_flags(args)
     spec = plumbing.check_env_id(args.env_id, atari=False)
-    min_buffer = args.num_envs * 2 * (args.seq_len + args.n_step)
-    max_n_step = args.seq_len - args.burn_in
+    min_buffer, period = args.num_envs * 2 * (args.burn_in + args.seq_len + args.n_step), args.sequence_period
     checks = [
         ("mask_velocity", True, not args.mask_velocity or args.env_id.startswith("CartPole"), "only for CartPole"),
         ("num_envs", args.num_envs, args.num_envs >= 1, "at least 1"),
-        ("seq_len", args.seq_len, args.seq_len >= 2, "at least 2"),
-        ("burn_in", args.burn_in, 0 <= args.burn_in < args.seq_len, f"0 <= burn-in < --seq-len={args.seq_len}"),
-        ("overlap", args.overlap, 0 <= args.overlap < args.seq_len, f"0 <= overlap < --seq-len={args.seq_len}"),
-        ("n_step", args.n_step, 1 <= args.n_step <= max_n_step, f"1 <= n-step <= seq-len - burn-in = {max_n_step}"),
+        ("burn_in", args.burn_in, args.burn_in >= 0, "at least 0"),
+        ("sequence_period", period, 1 <= period <= args.seq_len, f"1 to --seq-len={args.seq_len}, else steps go untrained"),
+        ("n_step", args.n_step, 1 <= args.n_step <= args.seq_len, f"1 <= n-step <= --seq-len={args.seq_len}"),
         ("batch_size", args.batch_size, args.batch_size >= 1, "at least 1"),
         ("buffer_size", args.buffer_size, args.buffer_size >= min_buffer, f"at least {min_buffer}: two windows per env"),
         ("replay_ratio", args.replay_ratio, args.replay_ratio > 0, "> 0"),
@@ -226,32 +225,32 @@ class SumTree:
         return leaf
 
 
-def max_sequences(capacity: int, num_envs: int, stride: int, window: int) -> int:
-    """Sequence slots of the replay: twice one window per stride, as short episodes start more windows."""
-    return 2 * capacity // stride + 4 * num_envs * (window // stride + 2)
+def max_sequences(capacity: int, num_envs: int, period: int, window: int) -> int:
+    """Sequence slots of the replay: twice one window per period, as short episodes start more windows."""
+    return 2 * capacity // period + 4 * num_envs * (window // period + 2)
 
 
 class SequenceReplay:
     """Every observation is stored once, in one ring-buffered step stream per environment. A sequence is an
     index window into its stream: start slot, the positions [lo, hi) that belong to its episode (lo < 0: the
     episode began before the window), the actor's LSTM state before the first slot and a priority. A window
-    spans `seq_len + n_step` slots (the last n only feed the targets) and never crosses an episode: positions
-    outside [lo, hi) are padding. The first windows of an episode reach back before it (lo >= 0, zero state), so
-    its first steps are trained too, not only used as burn-in."""
+    spans `burn_in + seq_len + n_step` slots (burn-in prefix, trained steps, target steps), its trained steps start
+    at the multiples of `sequence_period` of its episode, and it never crosses an episode: positions outside
+    [lo, hi) are padding. The first windows of an episode reach back before it (lo >= 0, zero state), so its
+    first steps are trained as often as the others."""
 
     def __init__(self, args: Args, obs_shape: tuple, obs_dtype):
         self.num_envs, self.steps = args.num_envs, args.buffer_size // args.num_envs
         shape = (self.num_envs, self.steps)  # one ring of slots per environment
-        self.seq_len, self.burn_in = args.seq_len, args.burn_in
-        self.stride, self.window = args.seq_len - args.overlap, args.seq_len + args.n_step
-        self.prioritized_replay_alpha = args.prioritized_replay_alpha
-        self.save_arrays = args.checkpoint_replay  # whether checkpoints hold the stored steps and sequences
+        self.seq_len, self.burn_in, self.period = args.seq_len, args.burn_in, args.sequence_period
+        self.window = args.burn_in + args.seq_len + args.n_step  # burn-in prefix, trained steps, target steps
+        self.prioritized_replay_alpha, self.save_arrays = args.prioritized_replay_alpha, args.checkpoint_replay
         self.history = 1  # slots read before a window: the previous action and reward
         self.obs = np.zeros((*shape, *obs_shape), dtype=obs_dtype)
         self.actions = np.zeros(shape, dtype=np.uint8)
         self.rewards = np.zeros(shape, dtype=np.float32)
         self.terminated, self.truncated = np.zeros((2, *shape), dtype=bool)
-        self.max_seqs = max_sequences(args.buffer_size, args.num_envs, self.stride, self.window)
+        self.max_seqs = max_sequences(args.buffer_size, args.num_envs, self.period, self.window)
         # per window: its env, the absolute step of its position 0, [lo, hi), the LSTM state before position 0
         self.seq_env, self.seq_start, self.seq_lo, self.seq_hi = np.zeros((4, self.max_seqs), dtype=np.int64)
         self.seq_h, self.seq_c = np.zeros((2, self.max_seqs, args.lstm_size), dtype=np.float32)
@@ -288,8 +287,8 @@ class SequenceReplay:
         t, slot = self.t, self.t % self.steps
         self.obs[:, slot], self.actions[:, slot], self.rewards[:, slot] = obs, actions, rewards
         self.terminated[:, slot], self.truncated[:, slot] = terminated, truncated
-        if t % self.stride == 0:  # forget windows whose slots the ring is about to overwrite
-            stale = self.seq_start - self.history <= t - self.steps + self.stride
+        if t % self.period == 0:  # forget windows whose slots the ring is about to overwrite
+            stale = self.seq_start - self.history <= t - self.steps + self.period
             stale_ids = np.flatnonzero(stale & (self.tree.get(np.arange(self.max_seqs)) > 0))
             self.tree.update(stale_ids, np.zeros(len(stale_ids)))
         # close windows that are full or whose episode ended with this step's final observation
@@ -297,20 +296,21 @@ class SequenceReplay:
         ended, full = is_reset_step[env], t - start + 1 >= self.window
         close = ended | full
         hi = np.where(ended, t - start + 1, self.window)
-        trained = np.where(ended, hi - 2, self.seq_len - 1) >= self.burn_in  # at least one trained step
+        trained = ~ended | (hi - 2 >= self.burn_in)  # at least one trained step
         keep = self.open[close & trained]
         self.seq_hi[keep] = hi[close & trained]
         self.tree.update(keep, np.full(len(keep), self.max_priority**self.prioritized_replay_alpha))
         self.open = self.open[~close]
-        # open new windows; a window's trained part starts every `stride` steps of an episode
+        # open new windows: their trained steps start at the multiples of `period` of an episode
         first = np.flatnonzero(is_first)
         self.episode_start[first] = t
         since_start = t - self.episode_start + self.burn_in
-        regular = np.flatnonzero(~is_first & ~is_reset_step & (since_start % self.stride == 0))
+        regular = np.flatnonzero(~is_first & ~is_reset_step & (since_start % self.period == 0))
         self._new_windows(regular, np.full(len(regular), t), self.episode_start[regular] - t, h[regular], c[regular])
         zeros = np.zeros((len(first), self.seq_h.shape[1]), dtype=np.float32)
-        for offset in range(0, self.burn_in + 1, self.stride) if len(first) else []:  # reach back before it
-            lo = np.full(len(first), self.burn_in - offset)
+        earliest = -((self.seq_len - 1) // self.period) * self.period  # the first trained span that reaches the episode
+        for trained_start in range(earliest, self.burn_in + 1, self.period) if len(first) else []:  # reach back before it
+            lo = np.full(len(first), self.burn_in - trained_start)
             self._new_windows(first, t - lo, lo, zeros, zeros)
         self.t += 1
 
@@ -324,7 +324,7 @@ class SequenceReplay:
         return ids, batch
 
     def gather(self, ids: np.ndarray, device) -> dict:
-        """Time-major tensors over the `seq_len + n_step` positions of the sequences `ids`."""
+        """Time-major tensors over the `burn_in + seq_len + n_step` positions of the sequences `ids`."""
         pos = np.arange(-self.history, self.window)[:, None]
         env = self.seq_env[ids][None]
         slots = (self.seq_start[ids][None] + pos) % self.steps
@@ -361,9 +361,9 @@ class SequenceReplay:
 def replay_memory_bytes(args: Args, obs_shape: tuple, obs_dtype) -> int:
     """Bytes that SequenceReplay allocates for these flags: the step streams and the per-sequence records with
     their sum tree (computed from the flags, before anything is allocated)."""
-    steps, stride, window = args.buffer_size // args.num_envs, args.seq_len - args.overlap, args.seq_len + args.n_step
+    steps, window = args.buffer_size // args.num_envs, args.burn_in + args.seq_len + args.n_step
     per_step = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 1 + 4 + 1 + 1  # obs, action, reward, flags
-    max_seqs = max_sequences(args.buffer_size, args.num_envs, stride, window)
+    max_seqs = max_sequences(args.buffer_size, args.num_envs, args.sequence_period, window)
     per_sequence = 4 * 8 + 2 * args.lstm_size * 4  # env, start, lo, hi; h and c
     tree = 2 * (1 << (max_seqs - 1).bit_length()) * 8
     return args.num_envs * (steps * per_step + 8) + max_seqs * per_sequence + tree  # + each env's episode start
@@ -395,23 +395,21 @@ def actor_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> np.n
 
 def sequence_td_errors(q_network, target_network, batch, burn_in: int, seq_len: int, n_step: int, gamma: float):
     """TD errors delta (T, B) in rescaled space, the trained-step mask (T, B) and Q(s, a) (T, B) for the
-    T = seq_len - burn_in trained positions. Burn-in runs without gradient; the target network is unrolled over
-    the same sequence from the same stored state."""
+    T = seq_len trained positions after the burn-in prefix. Burn-in runs without gradient; the target network is
+    unrolled over the same sequence from the same stored state."""
     inputs = [batch[k] for k in ("obs", "last_action", "last_reward", "is_first")]
     state = (batch["h"], batch["c"])
     with torch.no_grad():
         _, burned_in = q_network(*[x[:burn_in] for x in inputs], state)
         target_q, _ = target_network(*inputs, state)
-    q, _ = q_network(*[x[burn_in:] for x in inputs], burned_in)  # positions burn_in .. seq_len + n_step - 1
-    steps = seq_len - burn_in
-    q_taken = q[:steps].gather(-1, batch["actions"][burn_in:seq_len].clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    q, _ = q_network(*[x[burn_in:] for x in inputs], burned_in)  # positions burn_in .. burn_in + seq_len + n_step - 1
+    steps, end = seq_len, burn_in + seq_len
+    q_taken = q[:steps].gather(-1, batch["actions"][burn_in:end].clamp(min=0).unsqueeze(-1)).squeeze(-1)
     # n-step return that stops at the episode end; only termination cuts the bootstrap, a time-out keeps it
-    returns = torch.zeros_like(q_taken)
-    alive = torch.ones_like(q_taken, dtype=torch.bool)
-    offset = torch.full_like(batch["actions"][:steps], n_step)
-    bootstrap = torch.ones_like(alive)
+    returns, alive = torch.zeros_like(q_taken), torch.ones_like(q_taken, dtype=torch.bool)
+    offset, bootstrap = torch.full_like(batch["actions"][:steps], n_step), torch.ones_like(alive)
     for k in range(n_step):
-        rows = slice(burn_in + k, seq_len + k)
+        rows = slice(burn_in + k, end + k)
         returns += alive * gamma**k * batch["rewards"][rows]
         ends = alive & batch["done"][rows]
         offset = torch.where(ends, k + 1, offset)
@@ -423,7 +421,7 @@ def sequence_td_errors(q_network, target_network, batch, burn_in: int, seq_len: 
         best = q.detach()[rows, cols].argmax(-1, keepdim=True)  # double Q: online net picks, target net rates
         next_value = target_q[rows + burn_in, cols].gather(-1, best).squeeze(-1)
         target = value_rescale(returns + bootstrap * gamma**offset * inverse_value_rescale(next_value))
-    mask = batch["valid"][burn_in:seq_len] & ~batch["is_reset_step"][burn_in:seq_len]
+    mask = batch["valid"][burn_in:end] & ~batch["is_reset_step"][burn_in:end]
     return (target - q_taken) * mask, mask, q_taken
 
 
@@ -490,7 +488,7 @@ def main(args: Args) -> list[float]:
         per_observation = f"{replay_memory_bytes(args, (obs_dim,), np.float32) / (rb.num_envs * rb.steps):.1f} bytes"
         print(f"replay: {per_observation} per stored observation")
         run.writer.add_text("replay", f"{per_observation} per stored observation")
-        updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * (args.seq_len - args.burn_in))
+        updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * args.seq_len)
 
         h, c = torch.zeros(2, num_envs, args.lstm_size, device=device)  # the actors' LSTM state
         is_first, is_reset_step = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)

@@ -616,10 +616,10 @@ def main(args: Args) -> list[float]:
             actions = agent.act(obs, epsilons)
             action_log[iteration - 1] = actions
             next_obs, reward, terminated, truncated, info = envs.step(actions)
+            terminated = plumbing.terminated_at_step_cap(terminated, truncated, info)  # a game over on the capped step
             step = dict(obs=obs, action=actions, reward=reward, terminated=terminated, truncated=truncated)
             rb.add(state_before, **step, is_reset_step=is_reset_step, **inputs)
-            # True game score: raw rewards over all lives, counted until the game is over or timed out.
-            game_over = info["terminated"].astype(bool) | truncated
+            game_over = info["terminated"].astype(bool) | truncated  # true score: raw rewards of all lives, to game end
             stats.update(info["reward"], is_reset_step, game_over, run.writer, global_step)
             agent.observe(actions, reward, is_reset_step, game_over)
             is_reset_step, obs = terminated | truncated, next_obs

@@ -1087,9 +1087,13 @@ def evaluate_only(given, script: str, validate: Callable, evaluate: Callable) ->
     return scores
 
 
-def make_video_env(env_id: str, run_name: str, frame_stack: int = 4, max_episode_steps: Optional[int] = None):
+def make_video_env(
+    env_id: str, run_name: str, frame_stack: int = 4, max_episode_steps: Optional[int] = None, episodic_life: bool = True
+):
     """A recording gymnasium env for --capture-video (envpool does not render): for Atari ids, ale-py's env with the
-    training preprocessing (NOOP starts, 4-frame skip, 84x84 grayscale, `frame_stack` frames); else gymnasium's own."""
+    training preprocessing (NOOP starts, 4-frame skip, 84x84 grayscale, `frame_stack` frames); else gymnasium's own.
+    `episodic_life` is the training env's envpool flag: with it envpool presses FIRE after every lost life, without
+    it only at the start of a game, so the recorded game is the one trained and scored."""
     check_video_modules(env_id)
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # frames are drawn off-screen: no display needed (or complained of)
     if env_id.endswith("-v5"):
@@ -1102,13 +1106,28 @@ def make_video_env(env_id: str, run_name: str, frame_stack: int = 4, max_episode
     env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array", **frames)
     env = gym.wrappers.RecordVideo(env, f"videos/{run_name}", episode_trigger=lambda _: True)
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False)
-    env = FireAfterLifeLoss(env) if "FIRE" in env.unwrapped.get_action_meanings() else env
+    env = FireAfterLifeLoss(env, episodic_life) if "FIRE" in env.unwrapped.get_action_meanings() else env
     return gym.wrappers.FrameStackObservation(env, frame_stack) if frame_stack > 1 else env
 
 
+def terminated_at_step_cap(terminated: np.ndarray, truncated: np.ndarray, info: dict) -> np.ndarray:
+    """The termination flags of one envpool Atari step, with a game that ends on the capped step counted as ended:
+    envpool returns `done & ~truncated` there, a time-out whose target would bootstrap, though `info["terminated"]`
+    says the game is over. gymnasium (TimeLimit, ale-py's frame cap) already sets both flags; without that info key
+    the flags are returned unchanged."""
+    if "terminated" not in info:
+        return terminated
+    return terminated | (truncated & np.asarray(info["terminated"], dtype=bool))
+
+
 class FireAfterLifeLoss(gym.Wrapper):
-    """Presses FIRE once after the reset and after every lost life, as envpool does in training (`use_fire_reset`,
-    and a life loss there is a reset): games like Breakout then go on without the agent having to serve."""
+    """Presses FIRE once after the reset and, with `after_life_loss`, after every lost life, as envpool does
+    (`use_fire_reset`; with `episodic_life` a life loss there is a reset): games like Breakout then go on without
+    the agent having to serve. Without `episodic_life` envpool serves only a game's first ball, and so does this."""
+
+    def __init__(self, env, after_life_loss: bool = True):
+        super().__init__(env)
+        self.after_life_loss = after_life_loss
 
     def fire(self):
         return self.env.step(self.env.unwrapped.get_action_meanings().index("FIRE"))
@@ -1121,7 +1140,7 @@ class FireAfterLifeLoss(gym.Wrapper):
     def step(self, action):
         lives = self.env.unwrapped.ale.lives()
         obs, reward, terminated, truncated, info = self.env.step(action)
-        if info["lives"] < lives and not (terminated or truncated):
+        if self.after_life_loss and info["lives"] < lives and not (terminated or truncated):
             obs, fire_reward, terminated, truncated, info = self.fire()
             reward += fire_reward
         return obs, reward, terminated, truncated, info

@@ -18,9 +18,9 @@ TINY = dict(
     learning_starts=300,
     buffer_size=2000,
     batch_size=8,
-    seq_len=10,
+    seq_len=6,
     burn_in=4,
-    overlap=4,
+    sequence_period=6,
     n_step=3,
     lstm_size=16,
     replay_ratio=4.0,
@@ -36,9 +36,9 @@ TINY_ATARI = dict(
     learning_starts=100,
     buffer_size=2000,
     batch_size=4,
-    seq_len=8,
+    seq_len=4,
     burn_in=4,
-    overlap=4,
+    sequence_period=4,
     n_step=2,
     lstm_size=32,
     replay_ratio=1.0,
@@ -170,7 +170,7 @@ def test_oversized_replay_is_refused_before_anything_is_built(module, tmp_path, 
 
 @pytest.mark.parametrize("module, obs_shape, dtype", [(r2d2, (2,), np.float32), (r2d2_atari, (84, 84), np.uint8)])
 def test_replay_memory_estimate_matches_the_allocation(module, obs_shape, dtype):
-    args = module.Args(num_envs=3, buffer_size=3000, seq_len=10, burn_in=4, overlap=3, n_step=2, lstm_size=8)
+    args = module.Args(num_envs=3, buffer_size=3000, seq_len=6, burn_in=4, sequence_period=3, n_step=2, lstm_size=8)
     rb = module.SequenceReplay(args, obs_shape, dtype)
     allocated = sum(value.nbytes for value in vars(rb).values() if isinstance(value, np.ndarray))
     assert module.replay_memory_bytes(args, obs_shape, dtype) == allocated + rb.tree.nodes.nbytes

@@ -66,12 +66,13 @@ def test_sum_tree_samples_in_proportion():
 
 
 # ---------------------------------------------------------------- sequence replay
-def fill(module, num_envs=3, steps=400, seq_len=8, burn_in=3, overlap=3, n_step=2, done_prob=0.06, seed=0):
+def fill(module, num_envs=3, steps=400, seq_len=5, burn_in=3, sequence_period=5, n_step=2, done_prob=0.06, seed=0):
     """Synthetic episodes: every observation holds its episode's id (unique per run, never 0), the LSTM state
     handed to the buffer is 1 + t + env / 10, so a stored state tells the step it came from."""
     dtype = np.uint8 if module is r2d2_atari else np.float32
     extra = dict(frame_stack=2) if module is r2d2_atari else {}
-    sizes = dict(num_envs=num_envs, buffer_size=10_000, lstm_size=4, seq_len=seq_len, burn_in=burn_in, overlap=overlap)
+    sizes = dict(num_envs=num_envs, buffer_size=20_000, lstm_size=4, seq_len=seq_len, burn_in=burn_in)
+    sizes.update(sequence_period=sequence_period)
     args = module.Args(**sizes, n_step=n_step, prioritized_replay_alpha=0.9, **extra)
     rb = module.SequenceReplay(args, (1,), dtype)
     rng = np.random.default_rng(seed)
@@ -121,17 +122,68 @@ def test_sequences_never_mix_two_episodes(module):
         assert not batch["done"][: last - 1, b].any(), "an episode end inside a sequence"
         assert not batch["is_reset_step"][:last, b].any(), "only the last valid step may be the reset step"
 
-    # every real transition is trained exactly once (overlap == burn-in), apart from the newest windows
+
+def times_trained_in_the_buffer(rb):
+    """(env, absolute step) -> in how many live sequences' trained spans the step is a trained transition."""
+    ids = live_ids(rb)
+    batch = rb.gather(ids, "cpu")
     trained = {}
     for b, i in enumerate(ids):
-        for p in range(rb.burn_in, rb.seq_len):
+        for p in range(rb.burn_in, rb.burn_in + rb.seq_len):
             if batch["valid"][p, b] and not batch["is_reset_step"][p, b]:
                 key = (int(rb.seq_env[i]), int(rb.seq_start[i]) + p)
                 trained[key] = trained.get(key, 0) + 1
-    assert set(trained.values()) == {1}
-    horizon = rb.t - 3 * rb.window
-    expected = {(env, t) for env, ts in steps_of.values() for t in ts if t < horizon}
-    assert expected <= set(trained)
+    return trained
+
+
+def times_trained_in_the_paper_layout(step_in_episode, seq_len, period):
+    """R2D2's layout counted directly: trained spans [k * period, k * period + seq_len) for every whole k (the
+    spans before an episode's start reach into it), and a step is trained once in each span that holds it."""
+    return sum(1 for k in range(-seq_len, step_in_episode + 1) if k * period <= step_in_episode < k * period + seq_len)
+
+
+@pytest.mark.parametrize(
+    "module, seq_len, burn_in, period, n_step, documented",
+    [
+        (r2d2_atari, 80, 40, 40, 5, 2),  # the Atari defaults: the paper's layout, each step in two sequences
+        (r2d2, 10, 10, 10, 5, 1),  # the CartPole defaults
+        (r2d2_atari, 4, 2, 2, 2, 2),  # the paper's proportions, small
+        (r2d2, 6, 0, 2, 1, 3),
+        (r2d2, 7, 3, 3, 2, None),  # a period that does not divide seq-len: 2 or 3 times, by the step's place
+    ],
+)
+def test_each_step_is_trained_as_often_as_the_layout_says(module, seq_len, burn_in, period, n_step, documented):
+    defaults = module.Args()
+    if (seq_len, burn_in, period, n_step) == (defaults.seq_len, defaults.burn_in, defaults.sequence_period, defaults.n_step):
+        assert documented == defaults.seq_len // defaults.sequence_period  # the docs' count for the defaults
+    long_run = seq_len >= 40
+    rb, steps_of = fill(
+        module,
+        steps=1500 if long_run else 400,
+        seq_len=seq_len,
+        burn_in=burn_in,
+        sequence_period=period,
+        n_step=n_step,
+        done_prob=0.004 if long_run else 0.06,
+    )
+    trained = times_trained_in_the_buffer(rb)
+    horizon = rb.t - 2 * rb.window  # the newest steps wait for windows that are still open
+    checked = 0
+    for env, steps in steps_of.values():
+        ends_before_horizon = steps[-1] < horizon
+        for step_in_episode, t in enumerate(steps):
+            if t >= horizon:
+                break
+            expected = times_trained_in_the_paper_layout(step_in_episode, seq_len, period)
+            if not ends_before_horizon and step_in_episode + seq_len > len(steps):
+                continue  # the spans after it may still be open
+            if documented is not None:
+                assert expected == documented
+            assert trained.get((env, t), 0) == expected, (env, t, step_in_episode)
+            checked += 1
+    assert checked > 500
+    # nothing else is trained: the reset steps and the padding never are
+    assert set(trained) <= {(env, t) for env, steps in steps_of.values() for t in steps}
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -161,14 +213,14 @@ def test_network_state_restarts_at_episode_start():
 
 
 def test_burn_in_steps_get_no_gradient():
-    rb, _ = fill(r2d2, seq_len=10, burn_in=4, overlap=4, n_step=3)
+    rb, _ = fill(r2d2, seq_len=6, burn_in=4, sequence_period=6, n_step=3)
     ids = live_ids(rb)[:16]
     batch = rb.gather(ids, "cpu")
     batch["obs"] = torch.randn_like(batch["obs"]).requires_grad_()
     batch["h"], batch["c"] = torch.randn(16, 4).requires_grad_(), torch.randn(16, 4)
     torch.manual_seed(0)
     q_network, target_network = r2d2.QNetwork(1, 2, 4), r2d2.QNetwork(1, 2, 4)
-    td, mask, _ = r2d2.sequence_td_errors(q_network, target_network, batch, 4, 10, 3, 0.99)
+    td, mask, _ = r2d2.sequence_td_errors(q_network, target_network, batch, 4, 6, 3, 0.99)
     (td**2).sum().backward()
     assert torch.count_nonzero(batch["obs"].grad[:4]) == 0
     assert torch.count_nonzero(batch["obs"].grad[4:10]) > 0
@@ -187,7 +239,7 @@ class LookupNet(torch.nn.Module):
 
 
 def test_n_step_double_q_targets_by_hand():
-    gamma, n, burn_in, seq_len, W = 0.9, 3, 1, 5, 8
+    gamma, n, burn_in, seq_len, W = 0.9, 3, 1, 4, 8  # trained positions 1..4
     obs = torch.arange(1, W + 1, dtype=torch.float32)[:, None, None].repeat(1, 2, 1)  # Q grows with position
     rewards = torch.tensor([[1.0, 2, 3, 4, 5, 6, 7, 8]] * 2).T
     done = torch.zeros(W, 2, dtype=torch.bool)
@@ -214,7 +266,7 @@ def test_n_step_double_q_targets_by_hand():
     td, mask, q_taken = r2d2.sequence_td_errors(online, target, batch, burn_in, seq_len, n, gamma)
     h, h_inv = r2d2.value_rescale, r2d2.inverse_value_rescale
     for b in range(2):
-        for p in range(burn_in, seq_len):
+        for p in range(burn_in, burn_in + seq_len):
             if p >= 4:
                 assert not mask[p - burn_in, b]
                 continue
@@ -256,9 +308,9 @@ def test_smoke_r2d2(tmp_path, monkeypatch):
         learning_starts=500,
         buffer_size=4000,
         batch_size=8,
-        seq_len=10,
+        seq_len=6,
         burn_in=4,
-        overlap=4,
+        sequence_period=6,
         n_step=3,
         lstm_size=16,
         replay_ratio=4.0,
@@ -283,9 +335,9 @@ def test_smoke_r2d2_atari(tmp_path, monkeypatch):
         learning_starts=200,
         buffer_size=2000,
         batch_size=4,
-        seq_len=8,
+        seq_len=4,
         burn_in=4,
-        overlap=4,
+        sequence_period=4,
         n_step=2,
         lstm_size=32,
         replay_ratio=2.0,
@@ -300,16 +352,17 @@ def test_smoke_r2d2_atari(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "module, overrides, flag",
     [
-        (r2d2, dict(burn_in=20, seq_len=20), "--burn-in"),
-        (r2d2, dict(overlap=20, seq_len=20), "--overlap"),
-        (r2d2, dict(n_step=11, seq_len=20, burn_in=10), "--n-step"),
+        (r2d2, dict(burn_in=-1), "--burn-in"),
+        (r2d2, dict(sequence_period=0), "--sequence-period"),
+        (r2d2, dict(sequence_period=11, seq_len=10), "--sequence-period=11: 1 to --seq-len=10"),
+        (r2d2, dict(n_step=11, seq_len=10), "--n-step"),
         (r2d2, dict(env_id="NoSuchEnv-v0"), "--env-id"),
         (r2d2, dict(env_id="Pendulum-v1"), "--env-id"),
         (r2d2, dict(env_id="Acrobot-v1", mask_velocity=True), "--mask-velocity"),
         (r2d2, dict(buffer_size=100), "--buffer-size"),
-        (r2d2_atari, dict(burn_in=80), "--burn-in"),
-        (r2d2_atari, dict(overlap=80), "--overlap"),
-        (r2d2_atari, dict(n_step=41), "--n-step"),
+        (r2d2_atari, dict(burn_in=-1), "--burn-in"),
+        (r2d2_atari, dict(sequence_period=81), "--sequence-period=81: 1 to --seq-len=80"),
+        (r2d2_atari, dict(n_step=81), "--n-step"),
         (r2d2_atari, dict(env_id="CartPole-v2"), "--env-id"),
     ],
 )

@@ -444,3 +444,21 @@ def test_learns_cartpole(tmp_path, monkeypatch):
         return last_mean(recurrent_iqn.main(args), 100)
 
     passes_with_one_of([1, 2], last_100_mean, 60.0)
+
+
+@pytest.mark.parametrize("module", [recurrent_iqn, recurrent_iqn_atari])
+@pytest.mark.parametrize("seq_len, burn_in", [(20, 10), (20, 0), (4, 3), (4, 5), (4, 8)])
+def test_each_stored_step_is_trained_once_after_the_first_windows(module, seq_len, burn_in):
+    args = small_args(module, num_envs=2, seq_len=seq_len, n_step=2, burn_in=burn_in, buffer_size=2 * 400)
+    reset_at = (17, 18, 60, 61, 62)
+    rb = fill_replay(module, args, 150, reset_at=reset_at)
+    first, last = rb.valid_windows()
+    times_trained = np.zeros(150, int)  # from the buffer: every valid window's trained slots that are not reset steps
+    for window in range(first, last + 1):
+        slots = np.arange(window * seq_len, (window + 1) * seq_len)
+        times_trained[slots[~rb.is_reset_step[0, slots]]] += 1
+    # the documented count: once, except the steps of the first windows, whose burn-in would begin before the stream
+    untrained_at_start = -(-burn_in // seq_len) * seq_len
+    newest = (last + 1) * seq_len  # later steps wait for their window to be complete
+    expected = np.array([0 if t < untrained_at_start or t in reset_at or t >= newest else 1 for t in range(150)])
+    assert newest > 100 and np.array_equal(times_trained, expected)
