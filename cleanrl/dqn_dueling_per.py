@@ -44,7 +44,7 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of the wandb project"""
     capture_video: bool = False
-    """if toggled, record videos of the evaluation episodes to `videos/` (needs the `video` extra)"""
+    """if toggled, record videos of the evaluation episodes to `runs/<run_name>/videos/` (needs the `video` extra)"""
     save_model: bool = False
     """if toggled, save the model to `runs/{run_name}` and evaluate it"""
     eval_episodes: int = 10
@@ -379,17 +379,17 @@ def act(q_network: nn.Module, obs: np.ndarray, epsilon: float, num_actions: int,
     return np.where(explore, np.random.randint(num_actions, size=len(obs)), greedy)
 
 
-def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = "eval") -> list[float]:
+def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
     """Plays --eval-episodes whole games (--eval-epsilon) on training's envs seeded apart (--seed + 1), one per env: on
     Atari a lost life ends an episode and envpool serves the next with FIRE. Returns the true scores (raw, all lives).
-    --capture-video plays them in turn on ale-py (FIRE after a lost life too) and records them to videos/<run_name>/."""
+    --capture-video plays them in turn on ale-py (FIRE after a lost life too) and records them to the run's videos/ folder."""
     spec = envpool.make_spec(args.env_id)
     model = DuelingQNetwork(spec.observation_space.shape, spec.action_space.n, args.hidden_size).to(device)
     plumbing.load_weights(model, model_path, device)
     model.eval()
     seed, num_actions = args.seed + 1, spec.action_space.n
     if args.capture_video:  # envpool does not render: a gymnasium env with the training preprocessing
-        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name, max_episode_steps=27000)])
+        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, video_folder, max_episode_steps=27000)])
     else:
         envs = make_env(args.env_id, args.eval_episodes, seed)
     obs, _ = envs.reset(seed=seed)  # envpool took its seed when built and ignores this one

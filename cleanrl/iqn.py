@@ -41,7 +41,7 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """whether to record videos of the evaluation episodes (to `videos/<run_name>/`)"""
+    """if toggled, record videos of the evaluation episodes to `runs/<run_name>/videos/` (needs the `video` extra)"""
     save_model: bool = False
     """whether to save the model to `runs/<run_name>/` and evaluate it after training"""
     eval_episodes: int = 10
@@ -309,12 +309,12 @@ def act(q_network: QuantileNetwork, obs, epsilon: float, num_quantile_samples: i
     return actions
 
 
-def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = "eval") -> list[float]:
+def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
     """Plays `args.eval_episodes` episodes with the saved agent, epsilon-greedy with `args.eval_epsilon`; returns their
     scores. The environments are seeded with `args.seed + 1`, apart from the training ones."""
     seed = args.seed + 1
     if args.capture_video:
-        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name)])
+        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, video_folder)])
     else:
         envs = make_env(args.env_id, 1, seed)
     obs_dim, num_actions = int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.n

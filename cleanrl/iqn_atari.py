@@ -41,7 +41,7 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """whether to record videos of the evaluation episodes (to `videos/<run_name>/`)"""
+    """if toggled, record videos of the evaluation episodes to `runs/<run_name>/videos/` (needs the `video` extra)"""
     save_model: bool = False
     """whether to save the model to `runs/<run_name>/` and evaluate it after training"""
     eval_episodes: int = 10
@@ -343,14 +343,14 @@ def act(q_network: QuantileNetwork, obs, epsilon: float, num_quantile_samples: i
     return actions
 
 
-def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = "eval") -> list[float]:
+def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
     """Plays `args.eval_episodes` whole games with the saved agent, epsilon-greedy with `args.eval_epsilon`, on the
     training environment (seeded with `args.seed + 1`): a lost life ends an episode there and envpool serves the next
     one with FIRE, as RLtime evaluates. Returns the true scores (raw rewards over all lives, up to the game's end).
     --capture-video plays the same games on ale-py, which also presses FIRE after every lost life."""
     seed = args.seed + 1
     if args.capture_video:
-        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name, max_episode_steps=27_000)])
+        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, video_folder, max_episode_steps=27_000)])
     else:
         envs = make_env(args.env_id, 1, seed)
     model = QuantileNetwork(envs.single_action_space.n, args.quantile_embedding_dim, args.hidden_size).to(device)

@@ -41,7 +41,7 @@ class Args:
     wandb_entity: Optional[str] = None
     """the Weights & Biases entity (team)"""
     capture_video: bool = False
-    """if toggled, record videos of the evaluation episodes to `videos/<run_name>/`"""
+    """if toggled, record videos of the evaluation episodes to `runs/<run_name>/videos/` (needs the `video` extra)"""
     save_model: bool = False
     """if toggled, save the model to `runs/<run_name>/` and evaluate it"""
     eval_episodes: int = 10
@@ -206,11 +206,11 @@ def train_on_rollout(
     return loss, q_taken
 
 
-def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = "eval") -> list[float]:
+def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
     """Plays `args.eval_episodes` episodes with a saved model, epsilon-greedy with `args.eval_epsilon`; returns their
     scores."""
     if args.capture_video:  # envpool does not render; a gymnasium env with the same dynamics records the video
-        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name)])
+        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, video_folder)])
         obs, _ = envs.reset(seed=args.seed)
     else:  # one environment per episode, so that short episodes are not over-represented
         envs = make_env(args.env_id, args.eval_episodes, args.seed)

@@ -42,7 +42,7 @@ class Args:
     wandb_entity: Optional[str] = None
     """the Weights & Biases entity (team)"""
     capture_video: bool = False
-    """if toggled, record videos of the evaluation episodes to `videos/<run_name>/`"""
+    """if toggled, record videos of the evaluation episodes to `runs/<run_name>/videos/` (needs the `video` extra)"""
     save_model: bool = False
     """if toggled, save the model to `runs/<run_name>/` and evaluate it"""
     eval_episodes: int = 10
@@ -219,12 +219,12 @@ def train_on_rollout(
     return loss, q_taken
 
 
-def evaluate(model_path: str, args: Args, device: torch.device, run_name: str = "eval") -> list[float]:
+def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
     """Plays `args.eval_episodes` whole games with a saved model on the training environment (seeded with `args.seed + 1`),
     as purejaxql's test environments: a lost life ends an episode and envpool serves the next with FIRE. Returns the
     true scores (raw rewards over all lives). --capture-video plays them on ale-py, which also presses FIRE after a life."""
     if args.capture_video:
-        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name, max_episode_steps=27_000)])
+        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, video_folder, max_episode_steps=27_000)])
         obs, _ = envs.reset(seed=args.seed + 1)
     else:  # one environment per game, so that short games are not over-represented
         envs = make_env(args.env_id, args.eval_episodes, args.seed + 1)

@@ -44,7 +44,7 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
     capture_video: bool = False
-    """whether to record videos of the evaluation episodes to `videos/`"""
+    """if toggled, record videos of the evaluation episodes to `runs/<run_name>/videos/` (needs the `video` extra)"""
     save_model: bool = False
     """whether to save the model to `runs/{run_name}` and evaluate it"""
     eval_episodes: int = 10
@@ -445,7 +445,7 @@ def play(model, envs, obs, mask_velocity: bool, device, epsilon: float) -> list[
     return scores
 
 
-def evaluate(model_path: str, args: Args, device, run_name: str) -> list[float]:
+def evaluate(model_path: str, args: Args, device, video_folder: str) -> list[float]:
     """Runs a saved model for one episode on each of `args.eval_episodes` fresh environments; returns their game
     scores. --capture-video records one more episode through gymnasium's renderer (envpool does not render)."""
     envs = make_env(args.env_id, args.eval_episodes, args.seed + 100)
@@ -454,7 +454,7 @@ def evaluate(model_path: str, args: Args, device, run_name: str) -> list[float]:
     plumbing.load_weights(model, model_path, device)
     scores = play(model, envs, obs, args.mask_velocity, device, args.eval_epsilon)
     if args.capture_video:
-        video_env = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name)])
+        video_env = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, video_folder)])
         play(model, video_env, video_env.reset(seed=0)[0], args.mask_velocity, device, args.eval_epsilon)
         video_env.close()
     return scores

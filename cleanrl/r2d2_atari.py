@@ -44,7 +44,7 @@ class Args:
     wandb_entity: str | None = None
     """the entity (team) of the wandb project"""
     capture_video: bool = False
-    """whether to record videos of the evaluation episodes to `videos/`"""
+    """if toggled, record videos of the evaluation episodes to `runs/<run_name>/videos/` (needs the `video` extra)"""
     save_model: bool = False
     """whether to save the model to `runs/{run_name}` and evaluate it"""
     eval_episodes: int = 10
@@ -464,7 +464,7 @@ def play(model, envs, obs, frame_stack: int, device, epsilon: float) -> list[flo
     return scores
 
 
-def evaluate(model_path: str, args: Args, device, run_name: str) -> list[float]:
+def evaluate(model_path: str, args: Args, device, video_folder: str) -> list[float]:
     """Runs a saved model for one episode on each of `args.eval_episodes` fresh environments; returns their game
     scores. --capture-video records one more episode through ale-py with the training preprocessing."""
     envs = make_env(args.env_id, args.eval_episodes, args.seed + 100)
@@ -473,7 +473,7 @@ def evaluate(model_path: str, args: Args, device, run_name: str) -> list[float]:
     plumbing.load_weights(model, model_path, device)
     scores = play(model, envs, obs, args.frame_stack, device, args.eval_epsilon)
     if args.capture_video:  # the game as trained and scored: frame_stack 1, the 27,000-step cap, no episodic life
-        video_env = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, run_name, 1, 27_000, False)])
+        video_env = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, video_folder, 1, 27_000, False)])
         play(model, video_env, video_env.reset(seed=0)[0], args.frame_stack, device, args.eval_epsilon)
         video_env.close()
     return scores

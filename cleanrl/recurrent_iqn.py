@@ -48,7 +48,7 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """whether to record videos of the evaluation episodes (into the `videos` folder)"""
+    """if toggled, record videos of the evaluation episodes to `runs/<run_name>/videos/` (needs the `video` extra)"""
     save_model: bool = False
     """whether to save the final model to `runs/{run_name}` and evaluate it"""
     eval_episodes: int = 10
@@ -521,13 +521,13 @@ def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad
     return loss_value.detach(), (chosen.detach().mean(2) * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def evaluate(model_path, args, device, run_name="eval"):
+def evaluate(model_path, args, device, video_folder="videos/eval"):
     """Plays `args.eval_episodes` episodes with the saved model at `args.eval_epsilon` and returns their returns.
     Episodes are split evenly over the environments so short ones are not favoured; `args.capture_video`
     records them (one environment)."""
     eval_episodes, num_envs = args.eval_episodes, 1 if args.capture_video else min(args.eval_episodes, 32)
     if args.capture_video:
-        env = plumbing.make_video_env(args.env_id, run_name)
+        env = plumbing.make_video_env(args.env_id, video_folder)
         envs = gym.vector.SyncVectorEnv([lambda: hide_velocity(env) if args.mask_velocity else env])  # as in training
         action_space = envs.single_action_space
     else:

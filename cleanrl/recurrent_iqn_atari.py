@@ -49,7 +49,7 @@ class Args:
     wandb_entity: Optional[str] = None
     """the entity (team) of wandb's project"""
     capture_video: bool = False
-    """whether to record videos of the evaluation episodes (into the `videos` folder)"""
+    """if toggled, record videos of the evaluation episodes to `runs/<run_name>/videos/` (needs the `video` extra)"""
     save_model: bool = False
     """whether to save the final model to `runs/{run_name}` and evaluate it"""
     eval_episodes: int = 100
@@ -523,13 +523,13 @@ def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad
     return loss_value.detach(), (chosen.detach().mean(2) * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def evaluate(model_path, args, device, run_name="eval"):
+def evaluate(model_path, args, device, video_folder="videos/eval"):
     """Plays `args.eval_episodes` whole games (all lives) with the saved model at `args.eval_epsilon` on the training
     environments, recurrent inputs reset at every life start as in training; returns the game scores. Games are split
     evenly over the environments; `args.capture_video` records them (one ale-py env, FIRE after a lost life)."""
     eval_episodes, num_envs = args.eval_episodes, 1 if args.capture_video else min(args.eval_episodes, 32)
     if args.capture_video:
-        env = plumbing.make_video_env(args.env_id, run_name, frame_stack=1, max_episode_steps=args.max_episode_steps)
+        env = plumbing.make_video_env(args.env_id, video_folder, frame_stack=1, max_episode_steps=args.max_episode_steps)
         envs = gym.vector.SyncVectorEnv([lambda: env])
     else:
         envs = make_env(args.env_id, num_envs, args.seed + 1000, args.max_episode_steps, not args.value_rescaling)

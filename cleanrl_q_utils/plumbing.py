@@ -769,10 +769,12 @@ class Run:
             last = self.last_checkpoint or "none written"
             stop_on_disk_error(f"error: writing the model file {path} failed ({error}); last good checkpoint: {last}")
         print(f"model saved to {path}")
-        self.eval_scores = evaluate(path, self.args, device, self.name)  # videos, if recorded: videos/<run name>
+        self.eval_scores = evaluate(path, self.args, device, f"{self.dir}/videos")  # with --capture-video
         for episode, score in enumerate(self.eval_scores):
             self.writer.add_scalar("eval/episodic_return", score, episode)
         print(evaluation_line(path, self.eval_scores))
+        if self.args.capture_video:
+            print(f"videos in {self.dir}/videos")
         return self.eval_scores
 
     def finish(self, scores: list[float]) -> None:
@@ -1079,16 +1081,17 @@ def evaluate_only(given, script: str, validate: Callable, evaluate: Callable) ->
     validate(args)
     device = pick_device(args.cuda)
     print(f"{name}: evaluating {args.model_path} on {args.env_id}, device {describe_device(device, args.cuda)}")
-    run_name = f"{os.path.basename(os.path.dirname(os.path.abspath(args.model_path)))}-eval-{int(time.time())}"
-    scores = evaluate(args.model_path, args, device, run_name)
+    # No run folder: an evaluation leaves nothing in the model's run folder, whose run may be going on.
+    video_folder = f"videos/{os.path.basename(os.path.dirname(os.path.abspath(args.model_path)))}-eval-{int(time.time())}"
+    scores = evaluate(args.model_path, args, device, video_folder)
     print(evaluation_line(args.model_path, scores))
     if args.capture_video:
-        print(f"videos in videos/{run_name}")
+        print(f"videos in {video_folder}")
     return scores
 
 
 def make_video_env(
-    env_id: str, run_name: str, frame_stack: int = 4, max_episode_steps: Optional[int] = None, episodic_life: bool = True
+    env_id: str, video_folder: str, frame_stack: int = 4, max_episode_steps: Optional[int] = None, episodic_life: bool = True
 ):
     """A recording gymnasium env for --capture-video (envpool does not render): for Atari ids, ale-py's env with the
     training preprocessing (NOOP starts, 4-frame skip, 84x84 grayscale, `frame_stack` frames); else gymnasium's own.
@@ -1101,10 +1104,10 @@ def make_video_env(
 
         gym.register_envs(ale_py)
     if not env_id.endswith("-v5"):
-        return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), f"videos/{run_name}", lambda _: True)
+        return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_folder, lambda _: True)
     frames = {} if max_episode_steps is None else {"max_num_frames_per_episode": 4 * max_episode_steps}
     env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array", **frames)
-    env = gym.wrappers.RecordVideo(env, f"videos/{run_name}", episode_trigger=lambda _: True)
+    env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda _: True)
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False)
     env = FireAfterLifeLoss(env, episodic_life) if "FIRE" in env.unwrapped.get_action_meanings() else env
     return gym.wrappers.FrameStackObservation(env, frame_stack) if frame_stack > 1 else env

@@ -92,7 +92,7 @@ def test_noop_policy_finishes_whole_breakout_games(module, monkeypatch, tmp_path
 )
 def test_video_evaluation_plays_the_same_games(module, monkeypatch, tmp_path):
     """--capture-video (ale-py) also serves after a lost life, so the recorded NOOP games end, are counted whole, and
-    are written to videos/<run_name>/."""
+    are written to the folder given."""
     for name in ("ale_py", "moviepy", "cv2"):
         pytest.importorskip(name, reason="the video extra (pip install -e '.[video]')")
     monkeypatch.chdir(tmp_path)
@@ -105,7 +105,7 @@ def test_video_evaluation_plays_the_same_games(module, monkeypatch, tmp_path):
 
     monkeypatch.setattr(module.plumbing, "make_video_env", counting_video_env)
     args = eval_args(module, capture_video=True, eval_episodes=1)
-    scores = module.evaluate(str(tmp_path / "model.pt"), args, torch.device("cpu"), "run")
+    scores = module.evaluate(str(tmp_path / "model.pt"), args, torch.device("cpu"), "videos/run")
     (env,) = counters
     assert len(scores) == 1 and scores[0] >= 0
     assert env.game_ends == 1 and 5 * 20 <= env.steps <= 300

@@ -222,3 +222,14 @@ def test_capture_video_records_the_evaluation_of_a_saved_model(capsys):
     iqn.main(iqn.Args(eval_only=True, model_path=model_path, eval_episodes=2, capture_video=True))
     videos = glob.glob("videos/*-eval-*/*.mp4")
     assert len(videos) == 2 and all(os.path.getsize(video) > 1000 for video in videos)
+
+
+def test_videos_of_a_training_run_are_written_inside_its_run_folder(capsys):
+    pytest.importorskip("moviepy", reason="the video extra (pip install -e '.[video]')")
+    pytest.importorskip("pygame", reason="the video extra (pip install -e '.[video]')")
+    pqn = importlib.import_module("cleanrl.pqn")
+    flags = dict(total_timesteps=256, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, eval_episodes=1)
+    pqn.main(pqn.Args(**flags, save_model=True, capture_video=True))
+    (run_dir,) = glob.glob("runs/*")
+    assert glob.glob(f"{run_dir}/videos/*.mp4") and os.listdir(".") == ["runs"]  # nothing outside the run folder
+    assert f"videos in {run_dir}/videos" in capsys.readouterr().out
