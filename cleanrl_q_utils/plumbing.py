@@ -315,28 +315,54 @@ class EpisodeStats:
 
 class Progress:
     """The console line of a long run, at most every `interval` seconds: steps, percent done, SPS, recent return and
-    time left. `slow_hint`, when given, is printed once with the first line if the run would take over a day."""
+    time left. The time left comes from the rate since learning started (at `learning_starts`): the steps before it
+    only act and run much faster, so a rate that counted them would promise too little time; until then the line
+    says "warming up". `slow_hint`, when given, is printed once, with the first estimate, if the run would take over
+    a day more."""
 
-    def __init__(self, total_timesteps: int, start_step: int, interval: float = 10.0, slow_hint: Optional[str] = None):
+    def __init__(
+        self, total_timesteps: int, start_step: int, learning_starts: int = 0, interval: float = 10.0, slow_hint=None
+    ):
         self.total, self.start_step, self.interval, self.slow_hint = total_timesteps, start_step, interval, slow_hint
         self.start_time = self.last_print = time.time()
+        self.learning_starts, self.origin = learning_starts, None  # origin: (step, time) of the rate's first point
 
     def sps(self, global_step: int) -> int:
         return int((global_step - self.start_step) / max(time.time() - self.start_time, 1e-9))
 
+    def time_left(self, global_step: int) -> Optional[float]:
+        """Seconds left at the rate since learning started; None before a rate is known."""
+        if self.origin is None:
+            return None
+        steps, seconds = global_step - self.origin[0], time.time() - self.origin[1]
+        return (self.total - global_step) * seconds / steps if steps > 0 and seconds > 0 else None
+
     def print(self, global_step: int, recent_scores, force: bool = False) -> None:
+        if self.origin is None and global_step >= self.learning_starts:
+            self.origin = (global_step, time.time())
         if not force and time.time() - self.last_print < self.interval:
             return
         self.last_print = time.time()
         sps, mean = self.sps(global_step), np.mean(recent_scores) if len(recent_scores) else float("nan")
-        left = (self.total - global_step) / max(sps, 1)
+        left = self.time_left(global_step)
+        if global_step >= self.total:
+            eta = "done"
+        elif left is not None:
+            eta = f"ETA {format_duration(left)}"
+        elif global_step < self.learning_starts:
+            eta = f"warming up (learning starts at step {self.learning_starts})"
+        else:
+            eta = "ETA measuring"
         print(
             f"step {global_step:>9}/{self.total} ({100 * global_step / self.total:5.1f}%) | SPS {sps:>6} | "
-            f"return(100) {mean:8.2f} | ETA {format_duration(left)}"
+            f"return(100) {mean:8.2f} | {eta}"
         )
-        if self.slow_hint and left > 86400:
-            print(f"warning: at {sps} SPS this run takes {format_duration(left)} more; {self.slow_hint}")
-        self.slow_hint = None
+        if self.slow_hint and left is not None:
+            if left > 86400:
+                print(
+                    f"warning: at the rate since learning began this run takes {format_duration(left)} more; {self.slow_hint}"
+                )
+            self.slow_hint = None
 
 
 def resume(given, script: str, checkpoint_format: int):
@@ -656,6 +682,7 @@ class Run:
         self.args, self.checkpoint, self.format = args, checkpoint, checkpoint_format
         self.script = os.path.abspath(script)
         self.start_time, self.eval_scores, self.lock, self.writer = time.time(), None, None, None
+        self.learning_resumes_at = None  # set by note_empty_replay
         self.stop_requested = self.stopped = self.replaying = self.writing = self.training_done = False
         self.global_step = self.start_step = checkpoint["global_step"] if checkpoint else 0  # last step checkpoint_or_stop saw
         # The step at which the current envs started their first games: 0, or that of the last --resume-fresh-envs.
@@ -728,6 +755,14 @@ class Run:
         else:
             print(f"{script}: {args.env_id}, seed {args.seed}, {args.total_timesteps} agent steps")
         print(f"  run directory: {self.dir}  (watch it: tensorboard --logdir {os.path.dirname(self.dir) or '.'})")
+        every = args.checkpoint_every
+        when = (
+            f"every {every} agent steps and at the end" if every else "only when a signal stops the run (--checkpoint-every 0)"
+        )
+        print(f"  checkpoint: {self.dir}/checkpoint.pt, {when}")
+        if args.save_model:
+            videos = f", videos in {self.dir}/videos/" if args.capture_video else ""
+            print(f"  model: {self.dir}/{args.exp_name}.cleanrl_model after training, then evaluated{videos}")
         versions = ", ".join(f"{name} {setting[name]}" for name in ("torch", "envpool", "gymnasium"))
         print(f"  device: {setting['device']} | {versions} | git {setting['git']}")
         if self.device.type == "cpu" and args.env_id.endswith("-v5"):
@@ -743,12 +778,15 @@ class Run:
         return f"for a first run on a CPU, try `python {instead}` or a smaller --total-timesteps"
 
     def progress(self, start_step: int) -> Progress:
-        """The progress line of this run; Atari on a CPU warns with the first line if the run would take over a day."""
+        """The progress line of this run, its time left measured from the step learning (re)starts at; Atari on a CPU
+        warns with the first estimate if the run would take over a day more."""
         slow = self.device.type == "cpu" and self.args.env_id.endswith("-v5")
-        return Progress(self.args.total_timesteps, start_step, slow_hint=self.slow_hint() if slow else None)
+        learning_starts = self.learning_resumes_at or getattr(self.args, "learning_starts", 0)
+        return Progress(self.args.total_timesteps, start_step, learning_starts, slow_hint=self.slow_hint() if slow else None)
 
     def note_empty_replay(self, learning_resumes_at: int) -> None:
         """Says, on a resume without --checkpoint-replay, that the replay restarts empty and when learning resumes."""
+        self.learning_resumes_at = learning_resumes_at
         print(
             f"resume: the replay was not saved (--checkpoint-replay was off): it refills from empty, and learning "
             f"resumes at step {learning_resumes_at}"
@@ -878,10 +916,23 @@ class Run:
         start_row = self.envs_start // envs_count
         if start_row > 0:  # envs started fresh at that step, whose first step was a reset step
             envs, action_log = FirstStepIsReset(envs), action_log[start_row:]
-        print(f"resume: replaying {action_log.size} logged agent steps ({len(action_log)} steps of {envs_count} envs)")
-        stepped, self.replaying = None, True
-        for actions in action_log:
+        print(
+            f"resume: replaying {action_log.size} logged agent steps ({len(action_log)} steps of {envs_count} envs) to "
+            "rebuild the environments (envpool cannot save them; --resume-fresh-envs skips this)",
+            flush=True,
+        )
+        stepped, self.replaying, started = None, True, time.time()
+        last = started
+        for row, actions in enumerate(action_log, 1):
             stepped = envs.step(actions.astype(action_dtype))[0]
+            # The first line, after a second, says how long the replay takes; then one every `Progress` interval.
+            if time.time() - last >= (10.0 if last > started else 1.0) and row < len(action_log):
+                last = time.time()
+                left = (len(action_log) - row) * (last - started) / row
+                done = f"{row * envs_count}/{action_log.size} agent steps ({100 * row / len(action_log):.0f}%)"
+                print(f"resume: replayed {done}, {format_duration(left)} left", flush=True)
+        if last > started:
+            print(f"resume: replay done in {format_duration(time.time() - started)}")
         self.replaying = False
         if stepped is not None and not np.array_equal(stepped, obs):
             raise SystemExit("error: the environment replay diverged from the checkpoint (another envpool version?)")
@@ -900,7 +951,8 @@ class Run:
         except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as error:
             first = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
             flag_error("resume", self.args.resume, f"its state does not fit this run ({type(error).__name__}: {first})")
-        print(f"resume: continuing {self.name} from step {self.checkpoint['global_step']}")
+        step, restored = self.checkpoint["global_step"], ", ".join(sorted(saved))
+        print(f"resume: continuing {self.name} from step {step}; restored {restored} and the random generators")
         return saved
 
     def save(self, global_step: int, state: dict) -> str:
@@ -1079,6 +1131,9 @@ def evaluate_only(given, script: str, validate: Callable, evaluate: Callable) ->
                 print(f"eval-only: ignoring --{key.replace('_', '-')}={getattr(given, key)}; the model's value is {value}")
         args = replace(given, **kept)
     validate(args)
+    # Seeded, so that an evaluation repeats exactly; a training run's own evaluation instead continues the generators
+    # that training advanced (same environment seeds, other random draws: see docs/get-started/basic-usage.md).
+    seed_everything(args.seed, getattr(args, "torch_deterministic", True))
     device = pick_device(args.cuda)
     print(f"{name}: evaluating {args.model_path} on {args.env_id}, device {describe_device(device, args.cuda)}")
     # No run folder: an evaluation leaves nothing in the model's run folder, whose run may be going on.

@@ -2,6 +2,7 @@
 the TensorBoard purge step, and in-place restore of a script's checkpoint state."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -591,3 +592,26 @@ def test_a_model_file_and_a_checkpoint_are_not_taken_for_each_other(tmp_path):
         SystemExit, match=r"^error: --resume=.*: not a readable checkpoint \(ValueError: its flag learning_rate"
     ):
         resume(Args(resume=path), SCRIPT, FORMAT)
+
+
+def test_a_long_replay_says_how_long_it_takes_and_shows_its_progress(monkeypatch, capsys):
+    import cleanrl_q_utils.plumbing as plumbing
+
+    log = np.ones((200, 2), dtype=np.uint8)
+    with start() as run:
+        clock = [0.0]
+
+        def tick():  # every call a quarter second later: one env step takes about that long
+            clock[0] += 0.25
+            return clock[0]
+
+        monkeypatch.setattr(plumbing.time, "time", tick)
+        fast_forward(run, CountingEnvs(), log, np.array([200, 200]))
+        monkeypatch.undo()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("resume: replay")]
+    assert lines[0] == (
+        "resume: replaying 400 logged agent steps (200 steps of 2 envs) to rebuild the environments (envpool cannot "
+        "save them; --resume-fresh-envs skips this)"
+    )
+    assert re.fullmatch(r"resume: replayed \d+/400 agent steps \(\d+%\), 00:0\d:\d\d left", lines[1]) and len(lines) > 4
+    assert lines[-1].startswith("resume: replay done in 00:0")

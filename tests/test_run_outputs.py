@@ -100,13 +100,19 @@ def test_durations_count_days_and_the_progress_line_says_percent_done(monkeypatc
     assert plumbing.format_duration(6 * 86400 + 8 * 3600 + 35 * 60 + 58) == "6 days 08:35:58"
     now = [1000.0]
     monkeypatch.setattr(plumbing.time, "time", lambda: now[0])
-    progress = plumbing.Progress(50_000_000, 0, slow_hint="try the twin")
+    progress = plumbing.Progress(50_000_000, 0, learning_starts=20_000, slow_hint="try the twin")
+    now[0] += 10
+    progress.print(10_000, [])  # acting only, 1,000 SPS: no estimate yet, it would promise far too little
+    now[0] += 10
+    progress.print(20_000, [])  # learning starts: the rate is measured from here
     now[0] += 100
-    progress.print(10_000, [1.0, 3.0])
-    out = capsys.readouterr().out
-    assert "step     10000/50000000 (  0.0%)" in out and "SPS    100" in out and "return(100)     2.00" in out
-    assert "ETA 5 days 18:51:40" in out  # 49,990,000 steps at 100 SPS: 499,900 s
-    assert "warning: at 100 SPS this run takes 5 days 18:51:40 more; try the twin" in out
+    progress.print(30_000, [1.0, 3.0])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("| warming up (learning starts at step 20000)") and lines[1].endswith("| ETA measuring")
+    assert "step     30000/50000000 (  0.1%)" in lines[2] and "SPS    250" in lines[2] and "return(100)     2.00" in lines[2]
+    assert lines[2].endswith("ETA 5 days 18:48:20")  # 49,970,000 steps at the 100 SPS since learning began: 499,700 s
+    assert lines[3] == "warning: at the rate since learning began this run takes 5 days 18:48:20 more; try the twin"
+    assert len(lines) == 4  # the warning comes once
 
 
 def test_a_run_starts_with_its_setting_and_ends_with_a_summary(capsys):
