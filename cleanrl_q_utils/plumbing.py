@@ -760,8 +760,8 @@ class Run:
             f"every {every} agent steps and at the end" if every else "only when a signal stops the run (--checkpoint-every 0)"
         )
         print(f"  checkpoint: {self.dir}/checkpoint.pt, {when}")
-        if args.save_model:
-            videos = f", videos in {self.dir}/videos/" if args.capture_video else ""
+        if getattr(args, "save_model", False):
+            videos = f", videos in {self.dir}/videos/" if getattr(args, "capture_video", False) else ""
             print(f"  model: {self.dir}/{args.exp_name}.cleanrl_model after training, then evaluated{videos}")
         versions = ", ".join(f"{name} {setting[name]}" for name in ("torch", "envpool", "gymnasium"))
         print(f"  device: {setting['device']} | {versions} | git {setting['git']}")
@@ -811,7 +811,7 @@ class Run:
         for episode, score in enumerate(self.eval_scores):
             self.writer.add_scalar("eval/episodic_return", score, episode)
         print(evaluation_line(path, self.eval_scores))
-        if self.args.capture_video:
+        if getattr(self.args, "capture_video", False):
             print(f"videos in {self.dir}/videos")
         return self.eval_scores
 
