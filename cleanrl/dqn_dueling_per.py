@@ -54,7 +54,7 @@ class Args:
     model_path: Optional[str] = None
     """a model file written by --save-model, for --eval-only"""
 
-    env_id: str = "CartPole-v1"  # classic control or Atari (e.g. Breakout-v5)
+    env_id: str = "CartPole-v1"  # classic control or Atari, e.g. Breakout-v5
     """the id of the envpool environment"""
     total_timesteps: int = 120_000
     """the total number of agent steps of the experiment, summed over all environments"""
