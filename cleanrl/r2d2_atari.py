@@ -93,7 +93,7 @@ class Args:
     prioritized_replay_beta: float = 0.6  # constant
     """the importance-sampling exponent beta of prioritized replay"""
     priority_eta: float = 0.9
-    """the eta of a sequence's priority eta * max_t + (1 - eta) * mean_t of its absolute TD errors"""
+    """the mix of a sequence's priority: eta * max_t + (1 - eta) * mean_t of its absolute TD errors"""
     start_e: float = 0.4
     """the base of the per-actor epsilons at the start"""
     epsilon_alpha: float = 7.0

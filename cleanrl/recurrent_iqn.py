@@ -121,7 +121,7 @@ class Args:
     prioritized_replay: bool = False
     """R2D2-style prioritized sequence replay (off: uniform, as in the article's results)"""
     priority_eta: float = 0.9  # per step: the mean absolute TD error over the quantile samples
-    """the eta of a sequence's priority eta * max_t + (1 - eta) * mean_t of its absolute TD errors"""
+    """the mix of a sequence's priority: eta * max_t + (1 - eta) * mean_t of its absolute TD errors"""
     prioritized_replay_alpha: float = 0.9
     """the priority exponent alpha of prioritized replay"""
     prioritized_replay_beta: float = 0.6  # constant
