@@ -36,68 +36,68 @@ class Args:
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
-    """if toggled, cuda will be enabled when available"""
+    """if toggled, cuda will be used when available"""
     track: bool = False
-    """if toggled, the run is tracked with Weights and Biases"""
+    """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "cleanrl-q"
-    """the wandb project name"""
+    """the wandb's project name"""
     wandb_entity: Optional[str] = None
-    """the entity (team) of the wandb project"""
+    """the entity (team) of wandb's project"""
     capture_video: bool = False
     """if toggled, record videos of the evaluation episodes to `runs/<run_name>/videos/` (needs the `video` extra)"""
     save_model: bool = False
-    """if toggled, save the model to `runs/{run_name}` and evaluate it"""
+    """if toggled, save the final model to `runs/<run_name>/` and evaluate it"""
     eval_episodes: int = 10
-    """number of episodes of the evaluation after `--save-model`"""
+    """the number of episodes the model is evaluated on (after `--save-model`, or with `--eval-only`)"""
     eval_only: bool = False
     """evaluate the model at --model-path instead of training (with --capture-video: record it)"""
     model_path: Optional[str] = None
     """a model file written by --save-model, for --eval-only"""
 
-    env_id: str = "CartPole-v1"
-    """the id of the envpool environment (classic control or Atari, e.g. `Breakout-v5`)"""
+    env_id: str = "CartPole-v1"  # classic control or Atari, e.g. Breakout-v5
+    """the id of the envpool environment"""
     total_timesteps: int = 120_000
-    """total environment steps of the experiment, summed over the vectorized environments"""
+    """the total number of agent steps of the experiment, summed over all environments"""
     num_envs: int = 8
     """the number of parallel environments"""
     learning_rate: float = 1e-3
-    """the learning rate of the Adam optimizer"""
-    anneal_lr: bool = True
-    """if toggled, anneal the learning rate linearly to zero over the run (keeps the final policy stable)"""
-    buffer_size: int = 100_000
-    """the replay capacity in n-step transitions (Atari stores obs and next obs: about 56 KB each)"""
+    """the learning rate of the optimizer"""
+    anneal_lr: bool = True  # keeps the final policy stable
+    """if toggled, anneal the learning rate linearly to zero over training"""
+    buffer_size: int = 100_000  # n-step transitions; Atari stores obs and next obs: about 56 KB each
+    """the replay capacity in transitions, summed over all environments"""
     gamma: float = 0.99
     """the discount factor gamma"""
-    n_step: int = 3
-    """the number of steps of the n-step return (1 = one-step Double DQN)"""
+    n_step: int = 3  # 1 = one-step Double DQN
+    """the number of steps of the n-step return"""
     target_network_frequency: int = 500
-    """the number of environment steps between two copies of the online network into the target network"""
+    """the number of agent steps (summed over all environments) between copies of the online network into the target network"""
     batch_size: int = 256
-    """the number of transitions of one gradient step"""
-    train_frequency: int = 8
-    """the number of environment steps between two gradient steps (a multiple of --num-envs)"""
+    """the number of transitions per gradient update"""
+    train_frequency: int = 8  # a multiple of --num-envs
+    """the number of agent steps (summed over all environments) between two gradient updates"""
     learning_starts: int = 5_000
-    """the environment step at which learning starts"""
+    """the number of agent steps collected before learning starts"""
     start_e: float = 1.0
     """the starting epsilon of the epsilon-greedy exploration"""
     end_e: float = 0.02
-    """the final epsilon"""
+    """the final epsilon of the epsilon-greedy exploration"""
     exploration_fraction: float = 0.2
-    """the fraction of `total_timesteps` over which epsilon decays from start-e to end-e"""
-    eval_epsilon: float = 0.001
-    """the epsilon of the evaluation episodes (0.001: the dueling and tuned Double DQN papers' Atari evaluation)"""
-    prioritized_replay_alpha: float = 0.6
-    """the priority exponent: P(i) is proportional to p_i^alpha (0 = uniform replay)"""
-    prioritized_replay_beta: float = 0.4
-    """the initial importance-sampling exponent, annealed linearly to 1 at the end of the run"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
+    eval_epsilon: float = 0.001  # the dueling and tuned Double DQN papers' Atari evaluation
+    """the epsilon of the evaluation episodes"""
+    prioritized_replay_alpha: float = 0.6  # 0: uniform replay
+    """the priority exponent alpha of prioritized replay"""
+    prioritized_replay_beta: float = 0.4  # annealed linearly to 1 at the end of the run
+    """the importance-sampling exponent beta of prioritized replay"""
     prioritized_replay_eps: float = 1e-6
     """added to |TD error| so that every transition keeps a non-zero priority"""
     max_grad_norm: float = 10.0
-    """the global gradient-norm clip"""
+    """the global norm the gradients are clipped to"""
     hidden_size: int = 128
     """the width of the MLP torso and of each dueling stream (vector observations only)"""
     checkpoint_every: int = 0
-    """write a resumable checkpoint every this many agent steps (0: only on SIGINT/SIGTERM)"""
+    """write a resumable checkpoint every this many agent steps and at the end (0: only when a signal stops the run)"""
     checkpoint_replay: bool = False
     """also store the replay buffer in checkpoints (large, but the resumed run is then exact)"""
     resume: Optional[str] = None

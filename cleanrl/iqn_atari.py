@@ -33,7 +33,7 @@ class Args:
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
-    """if toggled, cuda will be enabled when available"""
+    """if toggled, cuda will be used when available"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "cleanrl-q"
@@ -43,62 +43,62 @@ class Args:
     capture_video: bool = False
     """if toggled, record videos of the evaluation episodes to `runs/<run_name>/videos/` (needs the `video` extra)"""
     save_model: bool = False
-    """whether to save the model to `runs/<run_name>/` and evaluate it after training"""
+    """if toggled, save the final model to `runs/<run_name>/` and evaluate it"""
     eval_episodes: int = 10
-    """the number of episodes of the evaluation after training (with `--save-model`)"""
+    """the number of episodes the model is evaluated on (after `--save-model`, or with `--eval-only`)"""
     eval_only: bool = False
     """evaluate the model at --model-path instead of training (with --capture-video: record it)"""
     model_path: Optional[str] = None
     """a model file written by --save-model, for --eval-only"""
 
     env_id: str = "Breakout-v5"
-    """the id of the envpool Atari environment"""
-    total_timesteps: int = 50_000_000
-    """total environment (agent) steps of the experiment, summed over the vectorized environments; 4 frames each"""
+    """the id of the envpool environment"""
+    total_timesteps: int = 50_000_000  # 4 frames each
+    """the total number of agent steps of the experiment, summed over all environments"""
     num_envs: int = 1
     """the number of parallel environments"""
     learning_rate: float = 5e-5
-    """the learning rate of the Adam optimizer"""
-    adam_eps: float = 3.125e-4
-    """the epsilon of the Adam optimizer (0.01 / batch size, as in the paper)"""
+    """the learning rate of the optimizer"""
+    adam_eps: float = 3.125e-4  # 0.01 / batch size, as in the paper
+    """the epsilon of the Adam optimizer"""
     anneal_lr: bool = False
-    """if toggled, the learning rate decays linearly to 0 over training"""
-    buffer_size: int = 1_000_000
-    """the replay capacity in transitions (split evenly over the environments)"""
+    """if toggled, anneal the learning rate linearly to zero over training"""
+    buffer_size: int = 1_000_000  # split evenly over the environments
+    """the replay capacity in transitions, summed over all environments"""
     gamma: float = 0.99
-    """the discount factor"""
-    n_step: int = 1
-    """the number of steps of the n-step return (the paper: 1; Dopamine's IQN: 3)"""
+    """the discount factor gamma"""
+    n_step: int = 1  # the paper: 1; Dopamine's IQN: 3
+    """the number of steps of the n-step return"""
     batch_size: int = 32
     """the number of transitions per gradient update"""
-    learning_starts: int = 50_000
-    """environment steps of uniform-random acting before learning starts"""
+    learning_starts: int = 50_000  # acting uniformly at random
+    """the number of agent steps collected before learning starts"""
     train_frequency: int = 4
-    """environment steps per gradient update"""
+    """the number of agent steps (summed over all environments) between two gradient updates"""
     target_network_frequency: int = 10_000
-    """environment steps between copies of the online network into the target network"""
+    """the number of agent steps (summed over all environments) between copies of the online network into the target network"""
     start_e: float = 1.0
     """the starting epsilon of the epsilon-greedy exploration"""
     end_e: float = 0.01
     """the final epsilon of the epsilon-greedy exploration"""
-    exploration_fraction: float = 0.02
-    """the fraction of `total_timesteps` over which epsilon decays from `start_e` to `end_e`, after the warm-up (1M steps)"""
+    exploration_fraction: float = 0.02  # after the warm-up; 1M steps
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
     eval_epsilon: float = 0.001
     """the epsilon of the evaluation episodes"""
     num_tau_samples: int = 64
-    """N: quantile samples of the online network per transition in the loss"""
+    """N: the number of quantile samples of the online network in the loss"""
     num_tau_prime_samples: int = 64
-    """N': quantile samples of the target distribution per transition in the loss"""
+    """N': the number of quantile samples of the target network in the loss"""
     num_quantile_samples: int = 32
-    """K: quantile samples whose mean gives the Q-values used to pick actions"""
+    """K: the number of quantile samples whose mean gives the Q-values that pick actions"""
     quantile_embedding_dim: int = 64
     """the number of cosine features cos(pi i tau), i = 1..dim, of the quantile embedding"""
     kappa: float = 1.0
     """the threshold of the Huber loss inside the quantile loss"""
     hidden_size: int = 512
-    """width of the hidden layer of the head"""
+    """the width of the hidden layer of the head"""
     checkpoint_every: int = 0
-    """write a resumable checkpoint every this many agent steps (0: only on SIGINT/SIGTERM)"""
+    """write a resumable checkpoint every this many agent steps and at the end (0: only when a signal stops the run)"""
     checkpoint_replay: bool = False
     """also store the replay buffer in checkpoints (large, but the resumed run is then exact)"""
     resume: Optional[str] = None

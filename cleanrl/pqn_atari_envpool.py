@@ -34,30 +34,30 @@ class Args:
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
-    """if toggled, use CUDA when it is available"""
+    """if toggled, cuda will be used when available"""
     track: bool = False
-    """if toggled, sync the run to Weights & Biases"""
+    """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "cleanrl-q"
-    """the Weights & Biases project"""
+    """the wandb's project name"""
     wandb_entity: Optional[str] = None
-    """the Weights & Biases entity (team)"""
+    """the entity (team) of wandb's project"""
     capture_video: bool = False
     """if toggled, record videos of the evaluation episodes to `runs/<run_name>/videos/` (needs the `video` extra)"""
     save_model: bool = False
-    """if toggled, save the model to `runs/<run_name>/` and evaluate it"""
+    """if toggled, save the final model to `runs/<run_name>/` and evaluate it"""
     eval_episodes: int = 10
-    """the number of episodes `evaluate` plays with a saved model"""
+    """the number of episodes the model is evaluated on (after `--save-model`, or with `--eval-only`)"""
     eval_only: bool = False
     """evaluate the model at --model-path instead of training (with --capture-video: record it)"""
     model_path: Optional[str] = None
     """a model file written by --save-model, for --eval-only"""
 
     env_id: str = "Breakout-v5"
-    """the id of the envpool Atari environment"""
+    """the id of the envpool environment"""
     total_timesteps: int = 9_999_360
-    """total environment steps of the experiment, summed over all environments"""
+    """the total number of agent steps of the experiment, summed over all environments"""
     learning_rate: float = 2.5e-4
-    """the learning rate of the RAdam optimizer"""
+    """the learning rate of the optimizer"""
     anneal_lr: bool = True
     """if toggled, anneal the learning rate linearly to zero over training"""
     num_envs: int = 8
@@ -69,21 +69,21 @@ class Args:
     update_epochs: int = 4
     """the number of passes over each rollout"""
     gamma: float = 0.99
-    """the discount factor"""
+    """the discount factor gamma"""
     q_lambda: float = 0.65
     """the lambda of the Q(lambda) targets"""
     start_e: float = 1.0
-    """the starting epsilon of the epsilon-greedy policy"""
+    """the starting epsilon of the epsilon-greedy exploration"""
     end_e: float = 0.01
-    """the final epsilon of the epsilon-greedy policy"""
+    """the final epsilon of the epsilon-greedy exploration"""
     exploration_fraction: float = 0.1
-    """the fraction of `total_timesteps` over which epsilon decays linearly from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
     max_grad_norm: float = 10.0
     """the global norm the gradients are clipped to"""
-    eval_epsilon: float = 0.0
-    """the epsilon of the epsilon-greedy policy in `evaluate` (0: greedy, as purejaxql's test environments)"""
+    eval_epsilon: float = 0.0  # greedy, as purejaxql's test environments
+    """the epsilon of the evaluation episodes"""
     checkpoint_every: int = 0
-    """write a resumable checkpoint every this many agent steps and at the end (0: only on SIGINT/SIGTERM)"""
+    """write a resumable checkpoint every this many agent steps and at the end (0: only when a signal stops the run)"""
     resume: Optional[str] = None
     """continue the run saved in this checkpoint, in the same run directory (and W&B run)"""
     resume_fresh_envs: bool = False

@@ -38,78 +38,78 @@ class Args:
     cuda: bool = True
     """if toggled, cuda will be used when available"""
     track: bool = False
-    """if toggled, the experiment is tracked with Weights and Biases"""
+    """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "cleanrl-q"
-    """the wandb project name"""
+    """the wandb's project name"""
     wandb_entity: str | None = None
-    """the entity (team) of the wandb project"""
+    """the entity (team) of wandb's project"""
     capture_video: bool = False
     """if toggled, record videos of the evaluation episodes to `runs/<run_name>/videos/` (needs the `video` extra)"""
     save_model: bool = False
-    """whether to save the model to `runs/{run_name}` and evaluate it"""
+    """if toggled, save the final model to `runs/<run_name>/` and evaluate it"""
     eval_episodes: int = 10
-    """the number of evaluation episodes after saving the model"""
+    """the number of episodes the model is evaluated on (after `--save-model`, or with `--eval-only`)"""
     eval_only: bool = False
     """evaluate the model at --model-path instead of training (with --capture-video: record it)"""
     model_path: str | None = None
     """a model file written by --save-model, for --eval-only"""
 
     env_id: str = "Breakout-v5"
-    """the envpool id of the environment"""
-    total_timesteps: int = 10_000_000
-    """total environment steps (4 frames each), summed over all environments"""
-    num_envs: int = 32
-    """the number of vectorized environments (actors)"""
-    buffer_size: int = 1_000_000
-    """replay capacity in stored frames (all environments together; about 7 KB each)"""
+    """the id of the envpool environment"""
+    total_timesteps: int = 10_000_000  # 4 frames each
+    """the total number of agent steps of the experiment, summed over all environments"""
+    num_envs: int = 32  # one actor each
+    """the number of parallel environments"""
+    buffer_size: int = 1_000_000  # stored frames: about 7 KB each
+    """the replay capacity in transitions, summed over all environments"""
     learning_starts: int = 50_000
-    """environment steps collected before learning starts"""
+    """the number of agent steps collected before learning starts"""
     batch_size: int = 64
-    """sequences per learner update"""
+    """the number of sequences per gradient update"""
     seq_len: int = 80
-    """trained steps per replayed sequence (after its burn-in prefix)"""
+    """the number of trained steps of a replayed sequence, after its burn-in prefix"""
     burn_in: int = 40
-    """steps stored before a sequence's trained steps that only warm up the recurrent state (no gradient, no loss)"""
+    """the steps before a sequence's trained steps that only warm up its stored LSTM state (no loss, no gradient; 0: off)"""
     sequence_period: int = 40
     """steps between the starts of consecutive sequences of an episode (each step is trained seq-len / period times)"""
     n_step: int = 5
-    """steps of the n-step return"""
+    """the number of steps of the n-step return"""
     gamma: float = 0.997
-    """the discount factor"""
+    """the discount factor gamma"""
     frame_stack: int = 4
     """frames per network input, stacked from the single stored frames"""
     learning_rate: float = 1e-4
-    """Adam learning rate"""
+    """the learning rate of the optimizer"""
     adam_eps: float = 1e-3
-    """Adam epsilon"""
+    """the epsilon of the Adam optimizer"""
     max_grad_norm: float = 40.0
-    """global gradient-norm clip"""
+    """the global norm the gradients are clipped to"""
     target_network_frequency: int = 2500
-    """learner updates (not environment steps) between copies of the online network into the target network"""
+    """the number of learner updates (not agent steps) between copies of the online network into the target network"""
     replay_ratio: float = 4.0
-    """average number of times each collected step is replayed as a trained (non burn-in) step"""
+    """the average number of times each collected step is replayed as a trained (non burn-in) step"""
     prioritized_replay_alpha: float = 0.9
-    """priority exponent alpha of prioritized replay"""
-    prioritized_replay_beta: float = 0.6
-    """importance-sampling exponent beta (constant)"""
+    """the priority exponent alpha of prioritized replay"""
+    prioritized_replay_beta: float = 0.6  # constant
+    """the importance-sampling exponent beta of prioritized replay"""
     priority_eta: float = 0.9
-    """mix of max and mean absolute TD error in a sequence's priority"""
+    """the mix of a sequence's priority: eta * max_t + (1 - eta) * mean_t of its absolute TD errors"""
     start_e: float = 0.4
-    """base of the per-actor epsilons eps_i = base^(1 + alpha i / (N - 1)) at the start"""
+    """the base of the per-actor epsilons at the start"""
     epsilon_alpha: float = 7.0
-    """exponent range alpha of the per-actor epsilons"""
+    """the exponent range alpha of the per-actor epsilons: actor i explores with base^(1 + alpha i / (num_envs - 1))"""
     end_e: float = 0.4
-    """base of the per-actor epsilons at the end of its linear decay"""
+    """the base of the per-actor epsilons at the end of its decay"""
     exploration_fraction: float = 0.0
-    """fraction of total-timesteps over which the base of the epsilons decays linearly from start-e to end-e"""
-    eval_epsilon: float = 0.001
-    """the epsilon of the evaluation episodes (0.001, the Atari evaluation of the dueling DQN and IQN papers)"""
-    lstm_size: int = 512
-    """units of the LSTM, of the torso before it and of each dueling head"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
+    eval_epsilon: float = 0.001  # the Atari evaluation of the dueling DQN and IQN papers
+    """the epsilon of the evaluation episodes"""
+    lstm_size: int = 512  # also the width of the torso before it and of each dueling head
+    """the size of the LSTM state"""
     log_interval: int = 100
-    """learner updates between logged losses"""
+    """the number of learner updates between loss logs"""
     checkpoint_every: int = 0
-    """write a resumable checkpoint every this many agent steps (0: only when a SIGINT/SIGTERM stops the run)"""
+    """write a resumable checkpoint every this many agent steps and at the end (0: only when a signal stops the run)"""
     checkpoint_replay: bool = False
     """also store the replay buffer in checkpoints (large, but the resumed run is then exact)"""
     resume: str | None = None

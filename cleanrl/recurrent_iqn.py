@@ -40,7 +40,7 @@ class Args:
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
-    """if toggled, cuda will be enabled by default"""
+    """if toggled, cuda will be used when available"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "cleanrl-q"
@@ -50,90 +50,90 @@ class Args:
     capture_video: bool = False
     """if toggled, record videos of the evaluation episodes to `runs/<run_name>/videos/` (needs the `video` extra)"""
     save_model: bool = False
-    """whether to save the final model to `runs/{run_name}` and evaluate it"""
+    """if toggled, save the final model to `runs/<run_name>/` and evaluate it"""
     eval_episodes: int = 10
-    """the number of episodes the saved model is evaluated on"""
+    """the number of episodes the model is evaluated on (after `--save-model`, or with `--eval-only`)"""
     eval_only: bool = False
     """evaluate the model at --model-path instead of training (with --capture-video: record it)"""
     model_path: Optional[str] = None
     """a model file written by --save-model, for --eval-only"""
 
     env_id: str = "CartPole-v1"
-    """the id of the envpool classic control environment"""
+    """the id of the envpool environment"""
     total_timesteps: int = 450_000
-    """total agent steps over all environments"""
+    """the total number of agent steps of the experiment, summed over all environments"""
     mask_velocity: bool = True
-    """hide the velocities of CartPole (observe cart position and pole angle only)"""
-    num_envs: int = 16
-    """the number of parallel game environments (one actor epsilon each)"""
-    buffer_size: int = 300_000
-    """the replay memory size in transitions (each frame is stored once; 300k: the last two thirds of a default run)"""
+    """if toggled, hide CartPole's velocities (observe cart position and pole angle only): a memory task"""
+    num_envs: int = 16  # one actor epsilon each
+    """the number of parallel environments"""
+    buffer_size: int = 300_000  # each frame is stored once; 300k: the last two thirds of a default run
+    """the replay capacity in transitions, summed over all environments"""
     seq_len: int = 20
-    """the length of a replayed training sequence"""
+    """the number of trained steps of a replayed sequence, after its burn-in prefix"""
     batch_size: int = 32
-    """the number of sequences per training batch"""
-    replay_ratio: float = 8.0
-    """how many times each acted step is trained on average (32x20 trained steps a batch: one update per 80 steps)"""
+    """the number of sequences per gradient update"""
+    replay_ratio: float = 8.0  # 32x20 trained steps a batch: one update per 80 steps
+    """the average number of times each collected step is replayed as a trained (non burn-in) step"""
     burn_in: int = 10
-    """the steps before each sequence that only warm up its stored recurrent state (no loss, no gradient); 0 = off"""
+    """the steps before a sequence's trained steps that only warm up its stored LSTM state (no loss, no gradient; 0: off)"""
     n_step: int = 5
-    """the number of steps of the multi-step return"""
+    """the number of steps of the n-step return"""
     gamma: float = 0.99
     """the discount factor gamma"""
     learning_rate: float = 5e-4
-    """the learning rate of the Adam optimizer"""
+    """the learning rate of the optimizer"""
     anneal_lr: bool = True
-    """whether to anneal the learning rate linearly to 0 over training"""
+    """if toggled, anneal the learning rate linearly to zero over training"""
     adam_eps: float = 1e-5
     """the epsilon of the Adam optimizer"""
     max_grad_norm: float = 40.0
-    """the maximum norm of the gradients"""
+    """the global norm the gradients are clipped to"""
     target_network_frequency: int = 2_000
-    """the number of agent steps between target network updates"""
+    """the number of agent steps (summed over all environments) between copies of the online network into the target network"""
     learning_starts: int = 2_000
-    """the number of agent steps acted before learning starts"""
+    """the number of agent steps collected before learning starts"""
     lstm_size: int = 128
     """the size of the LSTM state"""
     hidden_size: int = 128
-    """the width of the hidden layers of the advantage and value branches"""
+    """the width of the MLP torso and of the hidden layers of the advantage and value branches"""
     num_tau_samples: int = 8
-    """N: quantile samples of the online network in the loss"""
+    """N: the number of quantile samples of the online network in the loss"""
     num_tau_prime_samples: int = 8
-    """N': quantile samples of the target network"""
-    num_quantile_samples: int = 8
-    """K: quantile samples for acting and for the double-Q action selection"""
+    """N': the number of quantile samples of the target network in the loss"""
+    num_quantile_samples: int = 8  # when acting and in the double-Q target
+    """K: the number of quantile samples whose mean gives the Q-values that pick actions"""
     quantile_embedding_dim: int = 64
-    """the number of cosine features of the quantile embedding"""
+    """the number of cosine features cos(pi i tau), i = 1..dim, of the quantile embedding"""
     kappa: float = 1.0
-    """the threshold of the quantile Huber loss"""
+    """the threshold of the Huber loss inside the quantile loss"""
     iqn_before_lstm: bool = False
     """place the IQN layer before the LSTM (state repeated per quantile sample, merged by the mean every step)"""
-    start_e: float = 1.0
-    """the base epsilon of the per-actor exploration at the start (CartPole needs random play first)"""
-    end_e: float = 0.01
-    """the base epsilon at the end of the decay, also the floor of every actor's epsilon"""
-    exploration_fraction: float = 0.3333
-    """the fraction of `total_timesteps` over which the base epsilon decays (150k of the default 450k steps)"""
+    start_e: float = 1.0  # CartPole needs random play first
+    """the base of the per-actor epsilons at the start"""
+    end_e: float = 0.01  # also the floor of every actor's epsilon
+    """the base of the per-actor epsilons at the end of its decay"""
+    exploration_fraction: float = 0.3333  # 150k of the default 450k steps
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
     epsilon_alpha: float = 7.0
-    """actor i explores with epsilon base^(1 + alpha i / (num_envs - 1))"""
+    """the exponent range alpha of the per-actor epsilons: actor i explores with base^(1 + alpha i / (num_envs - 1))"""
     eval_epsilon: float = 0.001
-    """the epsilon of the evaluation policy"""
+    """the epsilon of the evaluation episodes"""
     prioritized_replay: bool = False
     """R2D2-style prioritized sequence replay (off: uniform, as in the article's results)"""
-    priority_eta: float = 0.9
-    """sequence priority = eta * max_t + (1 - eta) * mean_t of the mean absolute sampled TD error"""
+    priority_eta: float = 0.9  # per step: the mean absolute TD error over the quantile samples
+    """the mix of a sequence's priority: eta * max_t + (1 - eta) * mean_t of its absolute TD errors"""
     prioritized_replay_alpha: float = 0.9
-    """alpha: the priority exponent of prioritized replay"""
-    prioritized_replay_beta: float = 0.6
-    """beta: the importance-sampling exponent of prioritized replay"""
+    """the priority exponent alpha of prioritized replay"""
+    prioritized_replay_beta: float = 0.6  # constant
+    """the importance-sampling exponent beta of prioritized replay"""
     value_rescaling: bool = True
-    """apply the value rescaling h(x) = sign(x)(sqrt(|x|+1)-1) + 1e-3 x to the targets"""
-    max_episode_steps: int = 500
-    """the episode cap in agent steps (CartPole-v1: 500)"""
-    log_interval: int = 100
-    """the number of updates between loss logs (keeps device syncs out of the hot loop)"""
+    """if toggled, apply the value rescaling h(x) = sign(x)(sqrt(|x|+1)-1) + 1e-3 x to the targets"""
+    max_episode_steps: int = 500  # CartPole-v1: 500
+    """the episode cap in agent steps"""
+    log_interval: int = 100  # keeps device syncs out of the hot loop
+    """the number of learner updates between loss logs"""
     checkpoint_every: int = 0
-    """write a resumable checkpoint every this many agent steps and at the end (0: only on SIGINT/SIGTERM)"""
+    """write a resumable checkpoint every this many agent steps and at the end (0: only when a signal stops the run)"""
     checkpoint_replay: bool = False
     """also store the replay buffer in checkpoints (large, but the resumed run is then exact)"""
     resume: Optional[str] = None

@@ -41,7 +41,7 @@ class Args:
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
-    """if toggled, cuda will be enabled by default"""
+    """if toggled, cuda will be used when available"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases"""
     wandb_project_name: str = "cleanrl-q"
@@ -51,88 +51,88 @@ class Args:
     capture_video: bool = False
     """if toggled, record videos of the evaluation episodes to `runs/<run_name>/videos/` (needs the `video` extra)"""
     save_model: bool = False
-    """whether to save the final model to `runs/{run_name}` and evaluate it"""
-    eval_episodes: int = 100
-    """the number of full games the saved model is evaluated on (the article's protocol uses 100)"""
+    """if toggled, save the final model to `runs/<run_name>/` and evaluate it"""
+    eval_episodes: int = 100  # full games; the article's protocol uses 100
+    """the number of episodes the model is evaluated on (after `--save-model`, or with `--eval-only`)"""
     eval_only: bool = False
     """evaluate the model at --model-path instead of training (with --capture-video: record it)"""
     model_path: Optional[str] = None
     """a model file written by --save-model, for --eval-only"""
 
     env_id: str = "Breakout-v5"
-    """the id of the envpool Atari environment"""
-    total_timesteps: int = 50_000_000
-    """total agent steps over all environments (50M agent steps = 200M frames)"""
-    num_envs: int = 32
-    """the number of parallel game environments (one actor epsilon each)"""
-    buffer_size: int = 1_000_000
-    """the replay memory size in transitions (each frame is stored once)"""
+    """the id of the envpool environment"""
+    total_timesteps: int = 50_000_000  # 50M agent steps = 200M frames
+    """the total number of agent steps of the experiment, summed over all environments"""
+    num_envs: int = 32  # one actor epsilon each
+    """the number of parallel environments"""
+    buffer_size: int = 1_000_000  # each frame is stored once
+    """the replay capacity in transitions, summed over all environments"""
     seq_len: int = 20
-    """the length of a replayed training sequence"""
+    """the number of trained steps of a replayed sequence, after its burn-in prefix"""
     batch_size: int = 32
-    """the number of sequences per training batch"""
-    replay_ratio: float = 4.0
-    """how many times each acted step is trained on average (32x20 trained steps a batch: one update per 160 steps)"""
+    """the number of sequences per gradient update"""
+    replay_ratio: float = 4.0  # 32x20 trained steps a batch: one update per 160 steps
+    """the average number of times each collected step is replayed as a trained (non burn-in) step"""
     burn_in: int = 0
-    """the steps before each sequence that only warm up its stored recurrent state (no loss, no gradient); 0 = off"""
+    """the steps before a sequence's trained steps that only warm up its stored LSTM state (no loss, no gradient; 0: off)"""
     n_step: int = 2
-    """the number of steps of the multi-step return"""
+    """the number of steps of the n-step return"""
     gamma: float = 0.99
     """the discount factor gamma"""
     learning_rate: float = 3e-4
-    """the learning rate of the Adam optimizer"""
+    """the learning rate of the optimizer"""
     anneal_lr: bool = True
-    """whether to anneal the learning rate linearly to 0 over training"""
+    """if toggled, anneal the learning rate linearly to zero over training"""
     adam_eps: float = 1e-5
     """the epsilon of the Adam optimizer"""
     max_grad_norm: float = 40.0
-    """the maximum norm of the gradients"""
+    """the global norm the gradients are clipped to"""
     target_network_frequency: int = 20_000
-    """the number of agent steps between target network updates"""
+    """the number of agent steps (summed over all environments) between copies of the online network into the target network"""
     learning_starts: int = 50_000
-    """the number of agent steps acted before learning starts"""
+    """the number of agent steps collected before learning starts"""
     lstm_size: int = 512
     """the size of the LSTM state"""
     hidden_size: int = 512
     """the width of the hidden layers of the advantage and value branches"""
     num_tau_samples: int = 32
-    """N: quantile samples of the online network in the loss"""
+    """N: the number of quantile samples of the online network in the loss"""
     num_tau_prime_samples: int = 32
-    """N': quantile samples of the target network"""
-    num_quantile_samples: int = 32
-    """K: quantile samples for acting and for the double-Q action selection"""
+    """N': the number of quantile samples of the target network in the loss"""
+    num_quantile_samples: int = 32  # when acting and in the double-Q target
+    """K: the number of quantile samples whose mean gives the Q-values that pick actions"""
     quantile_embedding_dim: int = 64
-    """the number of cosine features of the quantile embedding"""
+    """the number of cosine features cos(pi i tau), i = 1..dim, of the quantile embedding"""
     kappa: float = 1.0
-    """the threshold of the quantile Huber loss"""
+    """the threshold of the Huber loss inside the quantile loss"""
     iqn_before_lstm: bool = False
     """place the IQN layer before the LSTM (state repeated per quantile sample, merged by the mean every step)"""
     start_e: float = 0.4
-    """the base epsilon of the per-actor exploration at the start"""
-    end_e: float = 0.01
-    """the base epsilon at the end of the decay, also the floor of every actor's epsilon"""
+    """the base of the per-actor epsilons at the start"""
+    end_e: float = 0.01  # also the floor of every actor's epsilon
+    """the base of the per-actor epsilons at the end of its decay"""
     exploration_fraction: float = 0.5
-    """the fraction of `total_timesteps` over which the base epsilon decays"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
     epsilon_alpha: float = 7.0
-    """actor i explores with epsilon base^(1 + alpha i / (num_envs - 1))"""
+    """the exponent range alpha of the per-actor epsilons: actor i explores with base^(1 + alpha i / (num_envs - 1))"""
     eval_epsilon: float = 0.001
-    """the epsilon of the evaluation policy"""
+    """the epsilon of the evaluation episodes"""
     prioritized_replay: bool = False
     """R2D2-style prioritized sequence replay (off: uniform, as in the article's results)"""
-    priority_eta: float = 0.9
-    """sequence priority = eta * max_t + (1 - eta) * mean_t of the mean absolute sampled TD error"""
+    priority_eta: float = 0.9  # per step: the mean absolute TD error over the quantile samples
+    """the mix of a sequence's priority: eta * max_t + (1 - eta) * mean_t of its absolute TD errors"""
     prioritized_replay_alpha: float = 0.9
-    """alpha: the priority exponent of prioritized replay"""
-    prioritized_replay_beta: float = 0.6
-    """beta: the importance-sampling exponent of prioritized replay"""
-    value_rescaling: bool = False
-    """apply the value rescaling h(x) = sign(x)(sqrt(|x|+1)-1) + 1e-3 x to the targets; trains on unclipped rewards"""
-    max_episode_steps: int = 27_000
-    """the episode cap in agent steps (27,000 steps = 108,000 frames)"""
-    log_interval: int = 100
-    """the number of updates between loss logs (keeps device syncs out of the hot loop)"""
+    """the priority exponent alpha of prioritized replay"""
+    prioritized_replay_beta: float = 0.6  # constant
+    """the importance-sampling exponent beta of prioritized replay"""
+    value_rescaling: bool = False  # if toggled, trains on unclipped rewards
+    """if toggled, apply the value rescaling h(x) = sign(x)(sqrt(|x|+1)-1) + 1e-3 x to the targets"""
+    max_episode_steps: int = 27_000  # 27,000 steps = 108,000 frames
+    """the episode cap in agent steps"""
+    log_interval: int = 100  # keeps device syncs out of the hot loop
+    """the number of learner updates between loss logs"""
     checkpoint_every: int = 0
-    """write a resumable checkpoint every this many agent steps and at the end (0: only on SIGINT/SIGTERM)"""
+    """write a resumable checkpoint every this many agent steps and at the end (0: only when a signal stops the run)"""
     checkpoint_replay: bool = False
     """also store the replay buffer in checkpoints (large, but the resumed run is then exact)"""
     resume: Optional[str] = None

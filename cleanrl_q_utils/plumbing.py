@@ -660,9 +660,67 @@ def cli(main, args_class) -> None:
     finished run."""
     import tyro
 
+    if {"-h", "--help"} & set(sys.argv[1:]):  # tyro's help is one flat list; the flags read better by group
+        return print_grouped_help(args_class, sys.modules[args_class.__module__].__doc__)
     main(tyro.cli(args_class))
     if stop_signal is not None:
         sys.exit(128 + stop_signal)
+
+
+# `--help` groups: the fields of each, in their order in `Args`; a field not named here is an algorithm flag.
+HELP_GROUPS = {
+    "run": ("exp_name", "seed", "torch_deterministic", "cuda", "track", "wandb_project_name", "wandb_entity"),
+    "environment": ("env_id", "num_envs", "frame_stack", "max_episode_steps", "mask_velocity"),
+    "algorithm": (),
+    "replay": (
+        *("buffer_size", "batch_size", "learning_starts", "replay_ratio", "seq_len", "burn_in", "sequence_period"),
+        *("prioritized_replay", "prioritized_replay_alpha", "prioritized_replay_beta", "prioritized_replay_eps"),
+        "priority_eta",
+    ),
+    "checkpoints": ("checkpoint_every", "checkpoint_replay", "resume", "resume_fresh_envs"),
+    "evaluation": ("save_model", "capture_video", "eval_episodes", "eval_epsilon", "eval_only", "model_path"),
+}
+
+
+def print_grouped_help(args_class, script_doc: Optional[str]) -> None:
+    """`--help`: the first paragraph of the script's docstring, a usage line, then the fields of `args_class` under
+    the headings of HELP_GROUPS, each as `--flag TYPE  (default: X)` with its docstring below."""
+    import ast
+    import inspect
+    import textwrap
+    import typing
+
+    source = textwrap.dedent(inspect.getsource(args_class))
+    body = ast.parse(source).body[0].body
+    docs = {
+        statement.target.id: " ".join(following.value.value.split())
+        for statement, following in zip(body, body[1:])
+        if isinstance(statement, ast.AnnAssign)
+        and isinstance(following, ast.Expr)
+        and isinstance(following.value, ast.Constant)
+    }
+    group_of = {name: group for group, names in HELP_GROUPS.items() for name in names}
+    by_group = {group: [] for group in HELP_GROUPS}
+    hints = typing.get_type_hints(args_class)
+    for field in fields(args_class):
+        by_group[group_of.get(field.name, "algorithm")].append(field)
+    width = min(shutil.get_terminal_size().columns, 100)
+    summary = " ".join((script_doc or "").strip().split("\n\n")[0].split())  # the docstring's first paragraph
+    lines = [textwrap.fill(summary, width), "", f"usage: python {sys.argv[0]} [-h] [--flag VALUE ...]"]
+    for group, members in by_group.items():
+        lines += ["", f"{group}:"] if members else []
+        for field in members:
+            flag, kind = "--" + field.name.replace("_", "-"), hints[field.name]
+            if kind is bool:
+                usage = f"{flag} / --no-{flag[2:]}"
+            else:
+                kinds = [arg for arg in typing.get_args(kind) if arg is not type(None)] or [kind]  # Optional[str]: STR
+                usage = f"{flag} {getattr(kinds[0], '__name__', str(kinds[0])).upper()}"
+            lines.append(f"  {usage}  (default: {field.default})")
+            indent = " " * 6
+            text = docs.get(field.name, "")
+            lines.append(textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False))
+    print("\n".join(lines))
 
 
 class Run:

@@ -103,7 +103,7 @@ from dataclasses import dataclass
 class Args:
     env_id: str = "Breakout-v5"
     """the id of the Atari environment"""
-    gamma: float = 0.99
+    gamma: float = 0.99  # the paper: 0.997
     """the discount factor"""
     frame_stack: int = 4
     """frames per input"""
@@ -124,7 +124,7 @@ def test_table_of_two_scripts(tmp_path):
         "| `--env-id` | `CartPole-v1` | `Breakout-v5` | "
         "`a.py`: the id of the environment<br>`b.py`: the id of the Atari environment |",
         "| `--total-timesteps` | `500_000` | - | total environment steps |",
-        "| `--gamma` | `0.99` | `0.99` | the discount factor |",
+        "| `--gamma` | `0.99` | `0.99` | the discount factor<br>`b.py`: (the paper: 0.997) |",
         "| `--ratio` | `1 / 30` | - | the share \\| of steps |",
         "| `--frame-stack` | - | `4` | frames per input |",
         "",

@@ -5,9 +5,11 @@ A page asks for a table with a comment line naming the scripts, one column each:
     <!-- hyperparameters: iqn.py iqn_atari.py -->
 
 and the build replaces that line with a table of the fields of the scripts' `Args` dataclasses: the flag, its
-default in each script and its docstring (what `--help` prints). The fields are read from the source with `ast`,
-so the build imports neither torch nor envpool, and a flag added to a script appears on its page at the next
-build. The run flags that every script shares (`RUN_FLAGS`) are named once under the table instead.
+default in each script and its docstring (what `--help` prints), then the `#` comment on the field's line, if any,
+after the script's name: a script's own remark (where its default comes from, why it was chosen). The fields are
+read from the source with `ast`, so the build imports neither torch nor envpool, and a flag added to a script
+appears on its page at the next build. The run flags that every script shares (`RUN_FLAGS`) are named once under the
+table instead.
 
 `python docs/hooks/hyperparameters.py iqn.py iqn_atari.py` prints the table of those scripts.
 """
@@ -53,6 +55,8 @@ class Field:
     """the default as the table shows it: a string's value, otherwise the source text of the expression"""
     doc: str
     """the docstring under the field (empty when it has none)"""
+    note: str = ""
+    """the `#` comment on the field's line, without the `#` (empty when it has none)"""
 
     @property
     def flag(self) -> str:
@@ -77,7 +81,7 @@ def read_args(script: Path) -> list[Field]:
     classes = [node for node in ast.parse(source).body if isinstance(node, ast.ClassDef) and node.name == "Args"]
     if not classes:
         raise ValueError(f"{script}: no `class Args`")
-    fields, body = [], classes[0].body
+    fields, body, lines = [], classes[0].body, source.splitlines()
     for i, statement in enumerate(body):
         if not (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)):
             continue
@@ -88,7 +92,9 @@ def read_args(script: Path) -> list[Field]:
             and isinstance(following.value.value, str)
         )
         doc = " ".join(following.value.value.split()) if is_doc else ""
-        fields.append(Field(statement.target.id, show_default(source, statement.value), doc))
+        line = lines[statement.end_lineno - 1].encode()[statement.end_col_offset :].decode().strip()
+        note = line[1:].strip() if line.startswith("#") else ""
+        fields.append(Field(statement.target.id, show_default(source, statement.value), doc, note))
     return fields
 
 
@@ -130,7 +136,8 @@ def hyperparameter_table(
     """Markdown: one row per algorithm flag of any of `scripts`, one default column per script, the description.
 
     Rows follow the first script's order, then flags only later scripts have. When the scripts describe a flag
-    differently, each description is given after the names of the scripts that use it.
+    differently, each description is given after the names of the scripts that use it; a script's remark (the
+    comment on the field's line) likewise, after the description.
     """
     by_script = {name: {field.name: field for field in read_args(scripts_dir / name)} for name in scripts}
     names = list(dict.fromkeys(name for fields in by_script.values() for name in fields))
@@ -141,10 +148,18 @@ def hyperparameter_table(
             continue
         fields = {script: by_script[script].get(name) for script in scripts}
         scripts_by_doc: dict[str, list[str]] = {}
+        scripts_by_note: dict[str, list[str]] = {}
         for script, field in fields.items():
             if field is not None:
                 scripts_by_doc.setdefault(field.doc, []).append(script)
-        description = "<br>".join(cell(line) for line in describe(scripts_by_doc))
+                if field.note:
+                    scripts_by_note.setdefault(field.note, []).append(script)
+        if len(scripts) == 1:  # the script's remark follows its description
+            (field,) = fields.values()
+            description = cell(f"{field.doc} ({field.note})" if field.note else field.doc)
+        else:
+            notes = [", ".join(f"`{script}`" for script in named) + f": ({note})" for note, named in scripts_by_note.items()]
+            description = "<br>".join(cell(line) for line in describe(scripts_by_doc) + notes)
         defaults = [code(field.default) if field else "-" for field in fields.values()]
         flag = next(field.flag for field in fields.values() if field is not None)
         lines.append("| " + " | ".join([f"`{flag}`", *defaults, description]) + " |")
