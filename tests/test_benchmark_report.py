@@ -9,7 +9,7 @@ from pathlib import Path
 import benchmark_runs
 import numpy as np
 import pytest
-from benchmark_runs import load_benchmark_module
+from benchmark_runs import SHORT_PQN, finished_return, load_benchmark_module, script_env
 from torch.utils.tensorboard import SummaryWriter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -416,3 +416,68 @@ def test_launcher_requires_a_command():
     result = run_launcher("--env-ids", "CartPole-v1", "--seeds", "1")
     assert result.returncode != 0 and "--" in result.stderr
     assert launch.make_jobs(["A"], [4], ["python", "x.py"])[0].command == ["python", "x.py", "--env-id", "A", "--seed", "4"]
+
+
+def summary_rows(stdout: str) -> dict[str, list[str]]:
+    """`label -> [status, tries, wall time, final return, run folder]` of the launcher's summary, plus its `why:` line."""
+    lines = stdout[stdout.index("\nSummary\n") :].splitlines()[3:]
+    rows, label = {}, None
+    for line in lines:
+        if line.startswith("      why: "):
+            rows[label].append(line.removeprefix("      why: "))
+        elif line.startswith("  "):
+            label, rest = line[2:38].strip(), line[39:]
+            tries, minutes, _, score, folder = rest[24:].split()
+            rows[label] = [rest[:24].strip(), tries, minutes, score, folder]
+    return rows
+
+
+def test_launcher_summary_of_real_runs_in_the_working_directory(tmp_path):
+    """Without --output-dir the runs write runs/ in the launcher's directory: the summary still finds each run's folder
+    and final return (the script's own closing return(100)), and says in one line why a run failed."""
+    command = [sys.executable, str(REPO / "cleanrl" / "pqn.py"), "--no-track", *SHORT_PQN]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmark" / "launch.py"), "--env-ids", "CartPole-v1", "NoSuchEnv-v0", "--seeds", "1",
+         "--workers", "2", "--", *command],
+        cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = summary_rows(result.stdout)
+    ok, failed = rows["CartPole-v1 seed 1"], rows["NoSuchEnv-v0 seed 1"]
+    finished = finished_return(
+        "\n".join(line.split("] ", 1)[1] for line in result.stdout.splitlines() if "finished step" in line)
+    )
+    assert ok[0] == "ok" and float(ok[3]) == pytest.approx(finished, abs=0.006)
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert ok[4] == f"runs/{folder.name}"
+    assert failed[:1] + failed[3:5] == ["FAILED (exit 1)", "-", "-"]
+    assert failed[5].startswith("error: --env-id=NoSuchEnv-v0: ")  # the script's own one-line error
+
+
+def test_launcher_summary_with_an_output_dir(tmp_path):
+    command = [sys.executable, str(REPO / "cleanrl" / "pqn.py"), "--no-track", *SHORT_PQN]
+    launch_command = [sys.executable, str(REPO / "benchmark" / "launch.py"), "--env-ids", "CartPole-v1", "--seeds", "2"]
+    result = subprocess.run(
+        [*launch_command, "--output-dir", "out", "--", *command],
+        cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    ok = summary_rows(result.stdout)["CartPole-v1 seed 2"]
+    (folder,) = (tmp_path / "out" / "pqn" / "CartPole-v1__2" / "runs").iterdir()
+    assert ok[4] == str(folder.relative_to(tmp_path))
+    assert float(ok[3]) == pytest.approx(report.final_score(report.read_run(folder).returns, 100))
+
+
+def test_launcher_says_why_a_run_failed(tmp_path):
+    crash = (
+        "import os, sys; e = sys.argv[-3]; "
+        "exec('raise ValueError(\"boom\")') if e == 'A' else os.kill(os.getpid(), 9) if e == 'B' else sys.exit(4)"
+    )
+    result = run_launcher("--env-ids", "A", "B", "C", "--seeds", "1", "--", sys.executable, "-c", crash)
+    assert result.returncode == 1
+    rows = summary_rows(result.stdout)
+    assert [rows[label][0] for label in ("A seed 1", "B seed 1", "C seed 1")] == ["FAILED (exit 1)", "FAILED (exit -9)",
+                                                                                 "FAILED (exit 4)"]  # fmt: skip
+    assert rows["A seed 1"][5] == "ValueError: boom"
+    assert rows["B seed 1"][5] == "killed by signal SIGKILL"
+    assert rows["C seed 1"][5] == "exit status 4, no error line in its output"

@@ -49,8 +49,8 @@ def launcher(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
 
 
 def summary(stdout: str) -> dict[tuple[str, str], tuple[str, str]]:
-    """(env id, seed) -> (status, final return) from the launcher's summary table."""
-    rows = re.findall(r"^  (\S+) seed (\d+)\s+(.+?)\s+\d+\s+[\d.]+ min\s+(\S+)$", stdout, re.MULTILINE)
+    """(env id, seed) -> (status, final return) from the launcher's summary table (its last column: the run folder)."""
+    rows = re.findall(r"^  (\S+) seed (\d+)\s+(.+?)\s+\d+\s+[\d.]+ min\s+(\S+)  \S+$", stdout, re.MULTILINE)
     return {(env_id, seed): (status, score) for env_id, seed, status, score in rows}
 
 
