@@ -115,12 +115,17 @@ RUN_DIRECTORY = re.compile(r"^\s*run directory: (\S+)")
 ERROR_LINE = re.compile(r"^(error: |[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b)")
 
 
+def shown_path(path: Path) -> str:
+    """The path relative to the launcher's directory when it is below it, else absolute."""
+    path = path.absolute()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
 def read_output_line(job: Job, line: str) -> None:
     """Keeps what the summary needs from a line of the run's output: its run folder and its last error line."""
     found = RUN_DIRECTORY.match(line)
     if found is not None:
-        path = Path(job.workdir or ".", found[1]).absolute()
-        job.run_dir = str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+        job.run_dir = shown_path(Path(job.workdir or ".", found[1]))
     elif ERROR_LINE.match(line):
         job.error_line = line.strip()
 
@@ -387,7 +392,7 @@ def run_with_retries(
         Path(job.workdir).mkdir(parents=True, exist_ok=True)
         if Path(job.workdir, "finished").exists():
             job.returncode, job.note, job.final_return = 0, "finished before", final_return(job.workdir)
-            job.run_dir = next((str(path) for path in run_dirs(job.workdir)[-1:]), None)
+            job.run_dir = next((shown_path(path) for path in run_dirs(job.workdir)[-1:]), None)
             return job
         lock = open(Path(job.workdir, ".lock"), "w")
         try:
