@@ -6,7 +6,9 @@
 Everything after `--` is the command; `--env-id E --seed S` is appended to it for each pair. Runs are ordered
 seed-major (seed 1 of every env first), so a benchmark stopped halfway still covers every env. Each run's
 output is echoed line by line with an `[env seed]` prefix and, with `--log-dir`, also saved to a file. The
-launcher prints a summary and exits with status 1 if any run failed (2 if it could not start at all).
+launcher prints a summary, one row per run with its final return and run folder (read from the `run directory:` line
+the run printed, wherever its runs/ is) and, for a run that failed, one line saying why (its last `error:` line or
+exception, else how it exited); it exits with status 1 if any run failed (2 if it could not start at all).
 
 `--backend ray` runs every pair as a Ray task with `--cpus-per-run`/`--gpus-per-run` on the cluster at
 `--ray-address` (default: a new local one); `--backend slurm` submits them as a Slurm job array through submitit.
@@ -65,6 +67,11 @@ class Job:
     final_return: float | None = None
     note: str = ""
     """what happened instead of a run: "finished before", "already running", "lost: NodeDiedError", ..."""
+    run_dir: str | None = None
+    """the run's folder, from the `run directory:` line of its start-up block (relative to the launcher's directory
+    when it is below it)"""
+    error_line: str = ""
+    """the last line of the run's output that says what went wrong: an `error: ...` line or an exception's last line"""
 
     @property
     def label(self) -> str:
@@ -81,6 +88,46 @@ class Job:
         if self.returncode == 0:
             return "ok" + (f" ({self.note})" if self.note else "")
         return f"{'stopped' if self.returncode in STOP_CODES else 'FAILED'} (exit {self.returncode})"
+
+    @property
+    def why(self) -> str:
+        """One line on why a run did not succeed: its last error line, else how its process ended."""
+        if self.returncode in (None, 0):
+            return ""
+        if self.error_line:
+            return self.error_line
+        if self.returncode < 0:
+            return f"killed by signal {signal_name(-self.returncode)}"
+        if self.returncode > 128 and self.returncode - 128 in signal.valid_signals():
+            return f"exit status {self.returncode} (128 + {signal_name(self.returncode - 128)})"
+        return f"exit status {self.returncode}, no error line in its output"
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+RUN_DIRECTORY = re.compile(r"^\s*run directory: (\S+)")
+# The last line of a Python traceback (`ValueError: ...`, `KeyboardInterrupt`), or one of the scripts' `error:` lines.
+ERROR_LINE = re.compile(r"^(error: |[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b)")
+
+
+def shown_path(path: Path) -> str:
+    """The path relative to the launcher's directory when it is below it, else absolute."""
+    path = path.absolute()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def read_output_line(job: Job, line: str) -> None:
+    """Keeps what the summary needs from a line of the run's output: its run folder and its last error line."""
+    found = RUN_DIRECTORY.match(line)
+    if found is not None:
+        job.run_dir = shown_path(Path(job.workdir or ".", found[1]))
+    elif ERROR_LINE.match(line):
+        job.error_line = line.strip()
 
 
 def fail(message: str) -> NoReturn:
@@ -257,13 +304,18 @@ def load_report():
 
 
 def final_return(workdir: str) -> float | None:
+    """The final return of the run in the job's directory (see run_final_return)."""
+    runs = run_dirs(workdir)
+    return run_final_return(runs[-1]) if runs else None
+
+
+def run_final_return(run_dir: Path | str) -> float | None:
     """The run's final return as benchmark/report.py's tables give it: the mean true score of its last 100 training
     episodes, where what an interrupted attempt logged after its last checkpoint is not counted twice."""
-    runs = run_dirs(workdir)
-    if not runs:
+    if not Path(run_dir).is_dir():
         return None
     report = load_report()
-    run = report.read_run(runs[-1])
+    run = report.read_run(Path(run_dir), quiet=True)
     return None if run is None else report.final_score(run.returns, LAST_EPISODES)
 
 
@@ -295,7 +347,9 @@ class Attempt:
         self.pump.start()
 
     def _pump(self, job: Job) -> None:
+        job.error_line = ""  # of this attempt
         for line in self.process.stdout:
+            read_output_line(job, line)
             echo(job, line)
         self.process.wait()
 
@@ -338,6 +392,7 @@ def run_with_retries(
         Path(job.workdir).mkdir(parents=True, exist_ok=True)
         if Path(job.workdir, "finished").exists():
             job.returncode, job.note, job.final_return = 0, "finished before", final_return(job.workdir)
+            job.run_dir = next((shown_path(path) for path in run_dirs(job.workdir)[-1:]), None)
             return job
         lock = open(Path(job.workdir, ".lock"), "w")
         try:
@@ -377,6 +432,8 @@ def run_with_retries(
             if job.ok:
                 Path(job.workdir, "finished").touch()
             job.final_return = final_return(job.workdir)
+        elif job.run_dir is not None:  # the run wrote runs/ in the launcher's directory, beside the other runs
+            job.final_return = run_final_return(job.run_dir)
     finally:
         job.seconds += time.time() - start
         if lock is not None:
@@ -562,10 +619,13 @@ def print_dry_run(jobs: list[Job], args: argparse.Namespace) -> None:
 
 def print_summary(jobs: list[Job]) -> None:
     print("\nSummary")
-    print(f"  {'run':<36} {'status':<24} {'tries':>5} {'wall time':>12} {'final return':>13}")
+    print(f"  {'run':<36} {'status':<24} {'tries':>5} {'wall time':>12} {'final return':>13}  run folder")
     for job in jobs:
         score = "-" if job.final_return is None else f"{job.final_return:.2f}"
-        print(f"  {job.label:<36} {job.status:<24} {job.attempts:>5} {job.seconds / 60:8.2f} min {score:>13}")
+        folder = job.run_dir or "-"
+        print(f"  {job.label:<36} {job.status:<24} {job.attempts:>5} {job.seconds / 60:8.2f} min {score:>13}  {folder}")
+        if job.why:
+            print(f"      why: {job.why}")
     failed = sum(not job.ok for job in jobs)
     print(f"{len(jobs) - failed}/{len(jobs)} runs succeeded" + (f", {failed} failed" if failed else ""))
     if any(job.final_return is not None for job in jobs):

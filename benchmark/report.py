@@ -3,8 +3,12 @@
     python benchmark/report.py --runs-dir runs --env-ids CartPole-v1 Acrobot-v1 MountainCar-v0 \
         --exp-names pqn --output-dir benchmark/results
 
-Reads every run directory under `--runs-dir` whose name follows `{env_id}__{exp_name}__{seed}__{timestamp}`
-(the run name of every script), offline from its event files. Runs are grouped by (exp_name, env_id); each
+Reads every run directory under `--runs-dir` whose name follows `{env_id}__{exp_name}__{seed}__{timestamp}`, with
+a `_2`, `_3`, ... suffix for runs started in the same second (the run name of every script), offline from its event
+files. The sweep reported is what `--exp-names`, `--env-ids`, `--seeds` and `--total-timesteps` ask for (all runs
+found when none is given); of several runs of one exp_name, env id and seed, the newest is reported. Every run found
+that is left out (another sweep's, an earlier one of the same seed, one without episodes) is named, with why, at the
+end of the report. Runs are grouped by (exp_name, env_id); each
 run's final performance is the mean of its last 100 `charts/episodic_return` values (the true game scores of
 its last 100 training episodes), and a group reports the mean and standard deviation of that number over its
 seeds. Writes to `--output-dir`:
@@ -16,8 +20,8 @@ seeds. Writes to `--output-dir`:
   trailing mean return, with a band of +- one standard deviation over seeds (the figure says so); x-axis = env
   steps, labelled "agent steps (not frames)" for Atari ids: one agent step is several frames (the frame skip).
 
-What the report leaves out or mixes is said in one `warning:` line each on stderr: requested env ids or exp_names
-without runs, runs without episodes, seeds logged twice or with few episodes, runs of different lengths in one
+What the report leaves out or mixes is also said in one `warning:` line each on stderr: requested env ids or
+exp_names without runs, the number of runs left out, seeds with few episodes, runs of different lengths in one
 curve, and curves it cannot draw.
 """
 
@@ -27,6 +31,7 @@ import argparse
 import csv
 import re
 import sys
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +40,8 @@ import numpy as np
 
 RETURN_TAG = "charts/episodic_return"
 EVAL_TAG = "eval/episodic_return"
-RUN_NAME = re.compile(r"^(?P<env_id>.+?)__(?P<exp_name>.+)__(?P<seed>-?\d+)__(?P<timestamp>\d+)$")
+RUN_NAME = re.compile(r"^(?P<env_id>.+?)__(?P<exp_name>.+)__(?P<seed>-?\d+)__(?P<timestamp>\d+)(?:_(?P<suffix>\d+))?$")
+HYPERPARAMETERS_TAG = "hyperparameters/text_summary"
 HUMAN_RANDOM_CSV = Path(__file__).with_name("atari57_random_human_scores.csv")
 MIXED_LENGTHS = 0.9
 """runs of one group are of mixed lengths when the shortest ends before this fraction of the longest (the last
@@ -68,6 +74,8 @@ class Run:
     """wall-clock seconds from the first to the last event the run wrote"""
     eval_returns: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """scores of the evaluation episodes played after training (`eval/episodic_return`), if any"""
+    total_timesteps: int | None = None
+    """the run's --total-timesteps, from the hyperparameters it logged (None: not logged)"""
 
 
 @dataclass
@@ -95,7 +103,8 @@ class Group:
 
 
 def parse_run_name(name: str) -> dict | None:
-    """Splits `{env_id}__{exp_name}__{seed}__{timestamp}`; None when the name does not follow the pattern."""
+    """Splits `{env_id}__{exp_name}__{seed}__{timestamp}[_{suffix}]`; None when the name does not follow the pattern.
+    The suffix (2, 3, ...; 1 without one) orders runs started in the same second."""
     match = RUN_NAME.match(name)
     if match is None:
         return None
@@ -104,11 +113,23 @@ def parse_run_name(name: str) -> dict | None:
         "exp_name": match["exp_name"],
         "seed": int(match["seed"]),
         "timestamp": int(match["timestamp"]),
+        "suffix": int(match["suffix"] or 1),
     }
 
 
-def read_run(path: Path) -> Run | None:
-    """Reads one run directory's event files; None (with a warning) when it logged no episode."""
+def logged_total_timesteps(accumulator) -> int | None:
+    """--total-timesteps from the `|total_timesteps|N|` row of the hyperparameters table the run logged, if any."""
+    if HYPERPARAMETERS_TAG not in accumulator.Tags().get("tensors", []):
+        return None
+    from tensorboard.util import tensor_util
+
+    text = tensor_util.make_ndarray(accumulator.Tensors(HYPERPARAMETERS_TAG)[-1].tensor_proto).ravel()[0]
+    match = re.search(r"^\|total_timesteps\|(\d+)\|$", text.decode() if isinstance(text, bytes) else str(text), re.M)
+    return None if match is None else int(match[1])
+
+
+def read_run(path: Path, quiet: bool = False) -> Run | None:
+    """Reads one run directory's event files; None (with a warning unless quiet) when it logged no episode."""
     from tensorboard.backend.event_processing import event_accumulator as ea
 
     identity = parse_run_name(path.name)
@@ -124,7 +145,8 @@ def read_run(path: Path) -> Run | None:
     accumulator.Reload()
     tags = accumulator.Tags()["scalars"]
     if RETURN_TAG not in tags:
-        warn(f"{path}: no {RETURN_TAG} logged; skipped")
+        if not quiet:
+            warn(f"{path}: no {RETURN_TAG} logged; skipped")
         return None
     episodes = accumulator.Scalars(RETURN_TAG)
     last_wall_time = max(event.wall_time for tag in tags for event in accumulator.Scalars(tag))
@@ -137,6 +159,7 @@ def read_run(path: Path) -> Run | None:
         returns=np.array([event.value for event in episodes], dtype=np.float64),
         runtime_s=last_wall_time - accumulator.FirstEventTimestamp(),
         eval_returns=np.array([event.value for event in accumulator.Scalars(EVAL_TAG)] if EVAL_TAG in tags else []),
+        total_timesteps=logged_total_timesteps(accumulator),
     )
 
 
@@ -150,18 +173,56 @@ def find_run_dirs(runs_dirs: list[Path]) -> list[Path]:
     return sorted(found)
 
 
-def load_runs(runs_dirs: list[Path], exp_names: list[str] | None = None, env_ids: list[str] | None = None) -> list[Run]:
-    runs = []
+def select_runs(
+    runs_dirs: list[Path],
+    exp_names: list[str] | None = None,
+    env_ids: list[str] | None = None,
+    seeds: list[int] | None = None,
+    total_timesteps: int | None = None,
+) -> tuple[list[Run], list[tuple[Path, str]]]:
+    """(the runs of the sweep asked for, [(run directory, why it is left out)] for every other run found).
+
+    A run belongs to the sweep when its exp_name, env id and seed are among those asked (any, when not given), it
+    logged --total-timesteps `total_timesteps` (when given) and it logged episodes. Of several runs of one exp_name,
+    env id and seed (an earlier sweep's left in the same runs/), the newest is the sweep's."""
+    left_out, candidates = [], []
     for path in find_run_dirs(runs_dirs):
         identity = parse_run_name(path.name)
         if exp_names and identity["exp_name"] not in exp_names:
-            continue
-        if env_ids and identity["env_id"] not in env_ids:
-            continue
-        run = read_run(path)
-        if run is not None:
-            runs.append(run)
-    return runs
+            left_out.append((path, f"exp_name {identity['exp_name']} not asked for"))
+        elif env_ids and identity["env_id"] not in env_ids:
+            left_out.append((path, f"env id {identity['env_id']} not asked for"))
+        elif seeds and identity["seed"] not in seeds:
+            left_out.append((path, f"seed {identity['seed']} not asked for"))
+        else:
+            run = read_run(path, quiet=True)
+            if run is None:
+                left_out.append((path, f"no {RETURN_TAG} logged"))
+            elif total_timesteps is not None and run.total_timesteps != total_timesteps:
+                logged = "no --total-timesteps logged" if run.total_timesteps is None else f"{run.total_timesteps:,} steps"
+                left_out.append((path, f"{logged}, not {total_timesteps:,}"))
+            else:
+                candidates.append((identity["timestamp"], identity["suffix"], run))
+    newest: dict[tuple[str, str, int], Run] = {}
+    for _, _, run in sorted(candidates, key=lambda item: item[:2], reverse=True):
+        key = (run.exp_name, run.env_id, run.seed)
+        if key in newest:
+            left_out.append((run.path, f"an earlier run of this exp_name, env id and seed than {newest[key].path.name}"))
+        else:
+            newest[key] = run
+    runs = sorted(newest.values(), key=lambda run: str(run.path))
+    return runs, sorted(left_out)
+
+
+def load_runs(runs_dirs: list[Path], exp_names: list[str] | None = None, env_ids: list[str] | None = None) -> list[Run]:
+    """The runs of `select_runs`, without the list of those left out."""
+    return select_runs(runs_dirs, exp_names, env_ids)[0]
+
+
+def left_out_markdown(left_out: list[tuple[Path, str]]) -> str:
+    """The runs found but not reported, one line each with why: a reader sees what the tables do not hold."""
+    lines = [f"- `{path}`: {reason}" for path, reason in left_out]
+    return "\n".join([f"Left out: {count(len(left_out), 'run')} found under --runs-dir but not of this report.", "", *lines])
 
 
 def final_score(returns: np.ndarray, last_episodes: int) -> float:
@@ -438,13 +499,27 @@ def plot_learning_curves(
     plt.close(figure)
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit status 2, as for every other bad flag
+        fail(message)
+
+
+def fail(message: str):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="report.py", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="report.py", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--runs-dir", nargs="+", type=Path, default=[Path("runs")], help="where the run directories are (searched recursively)"
     )
     parser.add_argument("--exp-names", nargs="+", default=None, help="exp_names to report, in column order (default: all)")
     parser.add_argument("--env-ids", nargs="+", default=None, help="env ids to report, in row order (default: all, sorted)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None, help="seeds to report (default: all)")
+    parser.add_argument(
+        "--total-timesteps", type=int, default=None, help="report only runs of this --total-timesteps (default: any)"
+    )
     parser.add_argument("--output-dir", type=Path, default=Path("benchmark/results"), help="where the files are written")
     parser.add_argument("--name", default="results", help="file name stem: <name>.md and <name>_curves.png")
     parser.add_argument("--last-episodes", type=int, default=100, help="final performance = mean of this many last episodes")
@@ -455,14 +530,40 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--scores-csv", type=Path, default=HUMAN_RANDOM_CSV, help="random and human scores per Atari game")
     parser.add_argument("--no-plot", action="store_true", help="write only the markdown")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for flag in ("last_episodes", "smoothing_window", "num_points", "bootstrap_reps", "total_timesteps"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            fail(f"--{flag.replace('_', '-')}={value}: must be at least 1")
+    if not is_plain_name(args.name):
+        fail(f"--name={args.name}: must be a file name stem (no /)")
+    check_writable(args.output_dir)
+    return args
+
+
+def is_plain_name(name: str) -> bool:
+    return bool(name) and "/" not in name and name not in (".", "..")
+
+
+def check_writable(output_dir: Path) -> None:
+    """Stops before reading any run when the report could not be written (a read-only or unmakeable folder)."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output_dir):
+            pass
+    except OSError as error:
+        fail(f"--output-dir={output_dir}: cannot write there ({error.strerror}); choose a folder you can write to")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    runs = load_runs(args.runs_dir, args.exp_names, args.env_ids)
+    runs, left_out = select_runs(args.runs_dir, args.exp_names, args.env_ids, args.seeds, args.total_timesteps)
+    if left_out:
+        warn(f"{count(len(left_out), 'run')} found under --runs-dir left out (not of this sweep): listed in the report")
     if not runs:
-        print(f"error: no run with {RETURN_TAG} under {' '.join(map(str, args.runs_dir))}", file=sys.stderr)
+        print(f"error: no run of this sweep with {RETURN_TAG} under {' '.join(map(str, args.runs_dir))}", file=sys.stderr)
+        if left_out:
+            print(left_out_markdown(left_out), file=sys.stderr)
         return 1
     exp_names = args.exp_names or list(dict.fromkeys(sorted(run.exp_name for run in runs)))
     for exp_name in args.exp_names or []:
@@ -486,10 +587,14 @@ def main(argv: list[str] | None = None) -> int:
         curves_path = args.output_dir / f"{args.name}_curves.png"
         plot_learning_curves(runs, exp_names, env_ids, curves_path, args.num_points, args.smoothing_window, scores_table)
         sections.append(f"Learning curves: `{curves_path}`")
+    if left_out:
+        sections.append(left_out_markdown(left_out))
 
     markdown = "\n\n".join(sections) + "\n"
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / f"{args.name}.md").write_text(markdown)
+    try:
+        (args.output_dir / f"{args.name}.md").write_text(markdown)
+    except OSError as error:
+        fail(f"--output-dir={args.output_dir}: cannot write {args.name}.md there ({error.strerror})")
     print(markdown)
     return 0
 

@@ -6,12 +6,12 @@
 Reads the runs as benchmark/report.py does (same run names; final return = mean of the last 100 training episodes;
 wall time = first to last event of the run) and adds, per run, the first agent step at which the mean of the last 100
 training episodes reached the env's threshold ("never" if it did not), and the mean of its `eval/episodic_return`
-episodes where it logged some. Prints markdown: one table per env, per seed and then mean ± std over seeds.
+episodes where it logged some. Prints markdown: one table per env, per seed and then mean ± std over seeds, and then
+the runs found under --runs-dir that are not of the sweep asked for (`--seeds`, `--total-timesteps` as in report.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import sys
 from pathlib import Path
@@ -67,22 +67,29 @@ def env_table(runs: list, exp_names: list[str], threshold: float, window: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="threshold_table.py", description=__doc__.split("\n\n")[0])
+    parser = report.Parser(prog="threshold_table.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs-dir", nargs="+", type=Path, default=[Path("runs")], help="searched recursively")
     parser.add_argument("--env-ids", nargs="+", required=True, help="env ids, one table each")
     parser.add_argument("--thresholds", nargs="+", type=float, required=True, help="one return threshold per env id")
     parser.add_argument("--exp-names", nargs="+", required=True, help="exp_names, in row order")
+    parser.add_argument("--seeds", nargs="+", type=int, default=None, help="seeds to report (default: all)")
+    parser.add_argument("--total-timesteps", type=int, default=None, help="only runs of this --total-timesteps")
     parser.add_argument("--last-episodes", type=int, default=100, help="episodes of the final return and of the mean")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if len(args.thresholds) != len(args.env_ids):
         parser.error(f"--thresholds: {len(args.thresholds)} given for {len(args.env_ids)} --env-ids; give one per env id")
-    runs = report.load_runs(args.runs_dir, args.exp_names, args.env_ids)
+    for flag in ("last_episodes", "total_timesteps"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be at least 1")
+    runs, left_out = report.select_runs(args.runs_dir, args.exp_names, args.env_ids, args.seeds, args.total_timesteps)
     if not runs:
         print(f"error: no run of {' '.join(args.exp_names)} under {' '.join(map(str, args.runs_dir))}", file=sys.stderr)
         return 1
     for env_id, threshold in zip(args.env_ids, args.thresholds):
         table = env_table([run for run in runs if run.env_id == env_id], args.exp_names, threshold, args.last_episodes)
         print(f"### {env_id}\n\n{table}\n")
+    if left_out:
+        print(report.left_out_markdown(left_out) + "\n")
     return 0
 
 

@@ -1,29 +1,23 @@
-"""Tests of benchmark/report.py and benchmark/launch.py on synthetic TensorBoard logs with known values."""
+"""Tests of benchmark/report.py and benchmark/launch.py: on synthetic TensorBoard logs with known values (the
+arithmetic), and on the run folders and console output of real short runs of cleanrl/pqn.py (what the tools read)."""
 
-import importlib.util
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import benchmark_runs
 import numpy as np
 import pytest
+from benchmark_runs import SHORT_PQN, finished_return, load_benchmark_module, script_env
 from torch.utils.tensorboard import SummaryWriter
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load_module(name):
-    """Imports benchmark/<name>.py (a directory of scripts, not a package) as `benchmark_<name>`."""
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", REPO / "benchmark" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-report = load_module("report")
-launch = load_module("launch")
+pqn_sweep = benchmark_runs.pqn_sweep  # the fixture, made once per test session
+report = load_benchmark_module("report")
+launch = load_benchmark_module("launch")
 
 
 def write_run(runs_dir, env_id, exp_name, seed, returns, runtime_s, steps=None, eval_returns=()):
@@ -79,7 +73,9 @@ def test_parse_run_name():
         "exp_name": "pqn_atari_envpool_lstm",
         "seed": 3,
         "timestamp": 1700000123,
+        "suffix": 1,
     }
+    assert report.parse_run_name("CartPole-v1__pqn__2__1700000123_3")["suffix"] == 3
     assert report.parse_run_name("CartPole-v1__pqn__1") is None
     assert report.parse_run_name("wandb") is None
 
@@ -215,6 +211,76 @@ def test_report_cli_writes_markdown_and_plot(runs_dir, tmp_path):
     assert report.main(["--runs-dir", str(tmp_path / "empty"), "--output-dir", str(out)]) == 1
 
 
+def test_names_of_runs_started_in_the_same_second_are_read(tmp_path, monkeypatch):
+    """plumbing.new_run_name gives the second run of a name in one second the suffix _2, the third _3."""
+    from types import SimpleNamespace
+
+    from cleanrl_q_utils import plumbing
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(time, "time", lambda: 1700000000.5)
+    args = SimpleNamespace(env_id="CartPole-v1", exp_name="pqn", seed=4)
+    names = [plumbing.new_run_name(args) for _ in range(3)]
+    assert names[1:] == [names[0] + "_2", names[0] + "_3"]
+    assert [report.parse_run_name(name)["suffix"] for name in names] == [1, 2, 3]
+    assert {report.parse_run_name(name)["seed"] for name in names} == {4}
+
+
+def test_report_of_a_real_sweep_counts_suffixed_runs_and_names_what_it_leaves_out(pqn_sweep, tmp_path, capsys):
+    runs_dir, finished, folders, left_out = pqn_sweep
+    out = tmp_path / "results"
+    argv = ["--runs-dir", str(runs_dir), "--output-dir", str(out), "--name", "sweep", "--no-plot"]
+    argv += ["--exp-names", "pqn", "--env-ids", "CartPole-v1", "--seeds", "1", "2", "3", "--total-timesteps", "8192"]
+    assert report.main(argv) == 0
+    captured = capsys.readouterr()
+    markdown = (out / "sweep.md").read_text()
+    assert captured.out.strip() == markdown.strip()
+    # seeds 1 and 2 (its folder suffixed _2); each run's final score is the return(100) the script printed at its end
+    runs, _ = report.select_runs([runs_dir], ["pqn"], ["CartPole-v1"], [1, 2, 3], 8192)
+    assert sorted(run.path for run in runs) == sorted([folders["newer"], folders["suffixed"]])
+    scores = {run.seed: report.final_score(run.returns, 100) for run in runs}
+    assert scores == pytest.approx(finished, abs=0.006)
+    mean, std = np.mean(list(finished.values())), np.std(list(finished.values()))
+    row = next(line for line in markdown.splitlines() if line.startswith("| CartPole-v1 | ") and "±" in line)
+    cell_mean, cell_std = (float(x) for x in row.split("|")[2].split("±"))
+    assert cell_mean == pytest.approx(mean, abs=0.011) and cell_std == pytest.approx(std, abs=0.011)
+    assert "| CartPole-v1 | 2 (1, 2); 8," in markdown
+    # every other run found is named with why, in the written report and on stdout; stderr only counts them
+    assert "Left out: 3 runs found under --runs-dir but not of this report." in markdown
+    for path, why in left_out.items():
+        assert f"- `{path}`: {why}" in markdown
+    assert "warning: 3 runs found under --runs-dir left out (not of this sweep): listed in the report" in captured.err
+
+
+def test_report_without_filters_reports_every_newest_run(pqn_sweep, tmp_path, capsys):
+    runs_dir, _, _, left_out = pqn_sweep
+    runs, left = report.select_runs([runs_dir])
+    assert sorted((run.exp_name, run.seed) for run in runs) == [("pqn", 1), ("pqn", 2), ("pqn", 3), ("pqn_lr_sweep", 1)]
+    (older,) = [path for path, why in left_out.items() if why.startswith("an earlier run")]
+    assert [path for path, _ in left] == [older]
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_report_refuses_a_non_positive_last_episodes(value, tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmark" / "report.py"), "--last-episodes", value, "--output-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr == f"error: --last-episodes={value}: must be at least 1\n"
+
+
+def test_report_into_a_read_only_folder_is_one_line(pqn_sweep):
+    runs_dir = pqn_sweep[0]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmark" / "report.py"), "--runs-dir", str(runs_dir), "--output-dir", "/sys/x"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: --output-dir=/sys/x: cannot write there (")
+
+
 def warning_lines(capsys) -> list[str]:
     """The report's stderr, which must be whole `warning:` lines."""
     lines = capsys.readouterr().err.splitlines()
@@ -233,11 +299,14 @@ def test_report_warns_about_requested_ids_without_runs(runs_dir, tmp_path, capsy
     argv += ["--env-ids", "CartPole-v1", "Hopper-v4", "--exp-names", "pqn", "dqn"]
     assert report.main(argv) == 0
     lines = warning_lines(capsys)
-    assert len(lines) == 2
-    assert lines[0] == f"warning: requested exp_name dqn has no runs under {runs_dir}; left out"
-    assert lines[1] == f"warning: requested env id Hopper-v4 has no runs under {runs_dir}; left out"
+    assert len(lines) == 3
+    # the 6 Atari runs are of another exp_name and other env ids
+    assert lines[0] == "warning: 6 runs found under --runs-dir left out (not of this sweep): listed in the report"
+    assert lines[1] == f"warning: requested exp_name dqn has no runs under {runs_dir}; left out"
+    assert lines[2] == f"warning: requested env id Hopper-v4 has no runs under {runs_dir}; left out"
     markdown = (tmp_path / "results.md").read_text()
     assert "| Environment | pqn |" in markdown and "dqn" not in markdown and "Hopper" not in markdown
+    assert markdown.count("exp_name pqn_atari_envpool not asked for") == 6
 
 
 def test_warns_about_runs_of_mixed_lengths(capsys):
@@ -347,3 +416,68 @@ def test_launcher_requires_a_command():
     result = run_launcher("--env-ids", "CartPole-v1", "--seeds", "1")
     assert result.returncode != 0 and "--" in result.stderr
     assert launch.make_jobs(["A"], [4], ["python", "x.py"])[0].command == ["python", "x.py", "--env-id", "A", "--seed", "4"]
+
+
+def summary_rows(stdout: str) -> dict[str, list[str]]:
+    """`label -> [status, tries, wall time, final return, run folder]` of the launcher's summary, plus its `why:` line."""
+    lines = stdout[stdout.index("\nSummary\n") :].splitlines()[3:]
+    rows, label = {}, None
+    for line in lines:
+        if line.startswith("      why: "):
+            rows[label].append(line.removeprefix("      why: "))
+        elif line.startswith("  "):
+            label, rest = line[2:38].strip(), line[39:]
+            tries, minutes, _, score, folder = rest[24:].split()
+            rows[label] = [rest[:24].strip(), tries, minutes, score, folder]
+    return rows
+
+
+def test_launcher_summary_of_real_runs_in_the_working_directory(tmp_path):
+    """Without --output-dir the runs write runs/ in the launcher's directory: the summary still finds each run's folder
+    and final return (the script's own closing return(100)), and says in one line why a run failed."""
+    command = [sys.executable, str(REPO / "cleanrl" / "pqn.py"), "--no-track", *SHORT_PQN]
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmark" / "launch.py"), "--env-ids", "CartPole-v1", "NoSuchEnv-v0", "--seeds", "1",
+         "--workers", "2", "--", *command],
+        cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = summary_rows(result.stdout)
+    ok, failed = rows["CartPole-v1 seed 1"], rows["NoSuchEnv-v0 seed 1"]
+    finished = finished_return(
+        "\n".join(line.split("] ", 1)[1] for line in result.stdout.splitlines() if "finished step" in line)
+    )
+    assert ok[0] == "ok" and float(ok[3]) == pytest.approx(finished, abs=0.006)
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert ok[4] == f"runs/{folder.name}"
+    assert failed[:1] + failed[3:5] == ["FAILED (exit 1)", "-", "-"]
+    assert failed[5].startswith("error: --env-id=NoSuchEnv-v0: ")  # the script's own one-line error
+
+
+def test_launcher_summary_with_an_output_dir(tmp_path):
+    command = [sys.executable, str(REPO / "cleanrl" / "pqn.py"), "--no-track", *SHORT_PQN]
+    launch_command = [sys.executable, str(REPO / "benchmark" / "launch.py"), "--env-ids", "CartPole-v1", "--seeds", "2"]
+    result = subprocess.run(
+        [*launch_command, "--output-dir", "out", "--", *command],
+        cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    ok = summary_rows(result.stdout)["CartPole-v1 seed 2"]
+    (folder,) = (tmp_path / "out" / "pqn" / "CartPole-v1__2" / "runs").iterdir()
+    assert ok[4] == str(folder.relative_to(tmp_path))
+    assert float(ok[3]) == pytest.approx(report.final_score(report.read_run(folder).returns, 100))
+
+
+def test_launcher_says_why_a_run_failed(tmp_path):
+    crash = (
+        "import os, sys; e = sys.argv[-3]; "
+        "exec('raise ValueError(\"boom\")') if e == 'A' else os.kill(os.getpid(), 9) if e == 'B' else sys.exit(4)"
+    )
+    result = run_launcher("--env-ids", "A", "B", "C", "--seeds", "1", "--", sys.executable, "-c", crash)
+    assert result.returncode == 1
+    rows = summary_rows(result.stdout)
+    assert [rows[label][0] for label in ("A seed 1", "B seed 1", "C seed 1")] == ["FAILED (exit 1)", "FAILED (exit -9)",
+                                                                                 "FAILED (exit 4)"]  # fmt: skip
+    assert rows["A seed 1"][5] == "ValueError: boom"
+    assert rows["B seed 1"][5] == "killed by signal SIGKILL"
+    assert rows["C seed 1"][5] == "exit status 4, no error line in its output"

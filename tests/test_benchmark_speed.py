@@ -1,23 +1,54 @@
-import importlib.util
-from pathlib import Path
+"""benchmark/steady_sps.py on the progress lines the scripts print."""
+
+import time
 
 import pytest
+from benchmark_runs import SHORT_PQN, load_benchmark_module, run_pqn
 
-SPEC = importlib.util.spec_from_file_location("steady_sps", Path(__file__).parents[1] / "benchmark" / "steady_sps.py")
-steady_sps = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(steady_sps)
+from cleanrl_q_utils import plumbing
+
+steady_sps = load_benchmark_module("steady_sps")
 
 
-def test_steady_sps_is_the_rate_between_the_last_two_progress_lines():
-    lines = [
-        "warming up\n",
-        "step      2000/100000 | SPS    400 | return(100)      nan | ETA 00:04:05\n",  # t = 5 s: fast acting-only warm-up
-        "step      3000/100000 | SPS    150 | return(100)     1.20 | ETA 00:10:00\n",  # t = 20 s
-        "step      5000/100000 | SPS    125 | return(100)     1.50 | ETA 00:12:00\n",  # t = 40 s
-    ]
+@pytest.fixture(scope="module")
+def pqn_output(tmp_path_factory):
+    return run_pqn(tmp_path_factory.mktemp("speed"), *SHORT_PQN).splitlines(keepends=True)
+
+
+def test_reads_the_progress_line_of_a_real_run(pqn_output):
+    progress = [line for line in pqn_output if line.startswith("step ")]
+    assert progress, pqn_output
+    (step, sps), *_ = steady_sps.progress_points(progress[-1:])
+    # the line's own fields, read without the module's pattern: "step S/T (P%) | SPS R | ..."
+    fields = progress[-1].split("|")
+    assert step == int(fields[0].split()[1].split("/")[0]) == 8192
+    assert sps == int(fields[1].split()[1]) > 0
+    assert steady_sps.steady_sps(pqn_output) is None  # one progress line: no rate between two
+
+
+def progress_lines(monkeypatch, capsys, points):
+    """The lines plumbing.Progress (what every script prints) writes at the given (second, step) points."""
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(time, "time", lambda: clock["now"])
+    progress = plumbing.Progress(total_timesteps=100_000, start_step=0)
+    capsys.readouterr()
+    for seconds, step in points:
+        clock["now"] = 1000.0 + seconds
+        progress.print(step, [1.0], force=True)
+    return capsys.readouterr().out.splitlines(keepends=True)
+
+
+def test_steady_sps_is_the_rate_between_the_last_two_progress_lines(monkeypatch, capsys):
+    # a fast acting-only warm-up (2000 steps in 5 s), then 1000 steps in 15 s and 2000 steps in 20 s
+    lines = progress_lines(monkeypatch, capsys, [(5, 2000), (20, 3000), (40, 5000)])
+    assert len(lines) == 3 and all("%) | SPS" in line for line in lines)
     # (5000 - 3000) steps in (40 - 20) s; the average since the start (125) would include the warm-up.
-    assert steady_sps.steady_sps(lines) == pytest.approx(100.0)
+    assert steady_sps.steady_sps(["warming up\n", *lines]) == pytest.approx(100.0)
 
 
-def test_steady_sps_needs_two_progress_lines():
-    assert steady_sps.steady_sps(["step 10/100 | SPS 5 | return(100) nan | ETA 00:00:18\n"]) is None
+def test_lines_of_older_logs_without_the_percentage_are_still_read(monkeypatch, capsys):
+    lines = progress_lines(monkeypatch, capsys, [(20, 3000), (40, 5000)])
+    old = [line.replace(line[line.index("(") : line.index(")") + 1], "").replace("  |", " |", 1) for line in lines]
+    assert "%" not in "".join(old) and old[0].startswith("step      3000/100000 | SPS")
+    assert steady_sps.progress_points(old) == steady_sps.progress_points(lines) == [(3000, 150), (5000, 125)]
+    assert steady_sps.steady_sps(old) == pytest.approx(100.0)

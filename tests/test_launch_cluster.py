@@ -49,8 +49,8 @@ def launcher(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
 
 
 def summary(stdout: str) -> dict[tuple[str, str], tuple[str, str]]:
-    """(env id, seed) -> (status, final return) from the launcher's summary table."""
-    rows = re.findall(r"^  (\S+) seed (\d+)\s+(.+?)\s+\d+\s+[\d.]+ min\s+(\S+)$", stdout, re.MULTILINE)
+    """(env id, seed) -> (status, final return) from the launcher's summary table (its last column: the run folder)."""
+    rows = re.findall(r"^  (\S+) seed (\d+)\s+(.+?)\s+\d+\s+[\d.]+ min\s+(\S+)  \S+$", stdout, re.MULTILINE)
     return {(env_id, seed): (status, score) for env_id, seed, status, score in rows}
 
 
@@ -290,10 +290,11 @@ def test_a_run_that_keeps_failing_fails_the_launch(tmp_path):
 
 def test_benchmark_scripts_pass_launcher_args_to_every_launch():
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])  # `python` is this one
-    env = {**os.environ, "PATH": path, "LAUNCHER_ARGS": "--dry-run --output-dir /cluster/out", "TRACK": "1"}
+    env = {**os.environ, "PATH": path, "LAUNCHER_ARGS": "--dry-run --output-dir /cluster/out", "TRACK": "1", "ATARI": "1"}
     result = subprocess.run(["bash", "benchmark/pqn.sh"], capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
     assert result.returncode == 0, result.stderr
-    commands = result.stdout.splitlines()
+    assert result.stdout.startswith("pqn.sh: 46 runs in 4 launches, estimated time about ")
+    commands = [line for line in result.stdout.splitlines() if line.startswith("(in ")]
     assert len(commands) == 10 + 2 * 3 + 2 * 5 * 3  # CartPole x 10, Acrobot and MountainCar x 3, 2 Atari scripts
     assert all(line.startswith("(in /cluster/out/pqn") and "WANDB_RUN_GROUP=pqn " in line for line in commands), commands
 

@@ -1,0 +1,91 @@
+"""benchmark/*.sh: the same switches and defaults in every script, a plan printed before anything starts, and the
+benchmark commands of the docs pages, run as written with DRY_RUN=1 (launch.py --dry-run: nothing is trained)."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEP_SCRIPTS = ["pqn", "iqn", "r2d2", "recurrent_iqn", "dqn_dueling_per", "sb3"]
+WITH_ATARI = {"pqn": 30, "iqn": 15, "r2d2": 6, "recurrent_iqn": 57}  # Atari runs each adds with ATARI=1
+
+
+def bash(command: str, **env: str) -> subprocess.CompletedProcess:
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])  # `python` is this one
+    base = {k: v for k, v in os.environ.items() if k not in ("WORKERS", "TRACK", "ATARI", "SEEDS", "LAUNCHER_ARGS")}
+    return subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, cwd=REPO, env={**base, "PATH": path, **env}, timeout=120
+    )
+
+
+def test_every_benchmark_script_is_listed():
+    scripts = sorted(path.stem for path in (REPO / "benchmark").glob("*.sh"))
+    assert scripts == sorted([*SWEEP_SCRIPTS, "atari_speed"])
+
+
+@pytest.mark.parametrize("script", SWEEP_SCRIPTS)
+def test_defaults_plan_and_atari_switch(script):
+    """By default: no Atari run, no W&B, WORKERS=2; the plan (runs, estimated time) comes before the first command."""
+    result = bash(f"bash benchmark/{script}.sh", DRY_RUN="1")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    commands = [line for line in lines if line.startswith("WANDB_RUN_GROUP=")]
+    match = re.match(rf"{script}\.sh: (\d+) runs in \d+ launches, estimated time about [\d.]+ (min|h|days) \(local "
+                     r"backend, WORKERS=2; TRACK=0, ATARI=0\)", lines[0])  # fmt: skip
+    assert match, lines[0]
+    assert int(match[1]) == len(commands) > 0
+    assert lines.index(commands[0]) > 1
+    assert all("--no-track" in command and "--track" not in command.split() for command in commands)
+    assert not any("_atari" in command or "-v5" in command for command in commands)
+    if script in WITH_ATARI:
+        assert "Atari sweeps left out (ATARI=1 adds them" in result.stdout
+        with_atari = bash(f"bash benchmark/{script}.sh", DRY_RUN="1", ATARI="1", TRACK="1", SEEDS="7")
+        assert with_atari.returncode == 0, with_atari.stderr
+        atari_commands = [line for line in with_atari.stdout.splitlines() if "-v5 --seed" in line]
+        assert len(atari_commands) == WITH_ATARI[script]
+        assert all("--track" in line.split() for line in atari_commands)
+        classic_seeds = {line.split()[-1] for line in with_atari.stdout.splitlines() if "-v1 --seed" in line}
+        assert classic_seeds <= {"7"}  # SEEDS replaces the seeds of the classic-control sweeps
+
+
+@pytest.mark.parametrize("switch, value", [("TRACK", "yes"), ("ATARI", "2"), ("WORKERS", "0"), ("DRY_RUN", "x")])
+def test_a_bad_switch_stops_the_script_in_one_line(switch, value):
+    result = bash("bash benchmark/iqn.sh", **{switch: value})
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error: {switch}={value}: must be ") and len(result.stderr.splitlines()) == 1
+    assert result.stdout == ""
+
+
+def docs_commands(marker: str = "bash benchmark/") -> list[str]:
+    """Every command line of README.md and the docs pages (shell code blocks) that holds `marker`."""
+    found = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        text = page.read_text()
+        for block in re.findall(r"```(?:bash|sh|console)\n(.*?)```", text, re.S):
+            joined = re.sub(r"\\\n\s*", " ", block)
+            found += [line.split("#")[0].strip() for line in joined.splitlines() if marker in line]
+    return sorted(set(found))
+
+
+@pytest.mark.parametrize("command", docs_commands())
+def test_the_docs_benchmark_commands_run_as_written(command, tmp_path):
+    """With DRY_RUN=1 added in front: each launch prints its runs instead of starting them. The launcher makes its
+    --output-dir even then, so the cluster examples' shared folder becomes a temporary one."""
+    result = bash(f"DRY_RUN=1 {command.replace('/shared/', f'{tmp_path}/')}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"\.sh: \d+ runs .*estimated time about|atari_speed\.sh: \d+ runs", result.stdout), result.stdout
+    if "ATARI_LAUNCHER_ARGS" in command:  # a cluster example: its point is the Atari sweep
+        assert "-v5 --seed" in result.stdout and "Atari sweeps left out" not in result.stdout
+
+
+@pytest.mark.parametrize("command", docs_commands("python benchmark/launch.py"))
+def test_the_docs_launch_commands_run_as_written(command, tmp_path):
+    """With --dry-run added: one command line per env id and seed."""
+    command = command.replace("/shared/", f"{tmp_path}/").replace("benchmark/launch.py", "benchmark/launch.py --dry-run", 1)
+    result = bash(command)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"--env-id \S+ --seed \d+", result.stdout), result.stdout
