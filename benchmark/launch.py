@@ -213,7 +213,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if args.max_retries > 0 and args.output_dir is None:
         fail(f"--max-retries={args.max_retries}: needs --output-dir, where a retry finds the run's checkpoint")
     args.time_min = slurm_minutes(args.time)
-    check_writable(args.output_dir)
+    if not args.dry_run:  # a dry run writes nothing, so it needs no writable folder
+        check_writable(args.output_dir)
     return args, command
 
 
