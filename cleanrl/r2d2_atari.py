@@ -121,8 +121,8 @@ class Args:
 
 def validate_args(args: Args) -> None:
     plumbing.check_common_flags(args)
-    spec = plumbing.check_env_id(args.env_id, atari=True)
-    min_buffer, period = args.num_envs * 2 * (args.burn_in + args.seq_len + args.n_step), args.sequence_period
+    spec, window = plumbing.check_env_id(args.env_id, atari=True), args.burn_in + args.seq_len + args.n_step
+    min_buffer, period = args.num_envs * (window + max(window, args.sequence_period + args.frame_stack)), args.sequence_period
     checks = [
         ("num_envs", args.num_envs, args.num_envs >= 1, "at least 1"),
         ("frame_stack", args.frame_stack, args.frame_stack >= 1, "at least 1"),
@@ -130,7 +130,7 @@ def validate_args(args: Args) -> None:
         ("sequence_period", period, 1 <= period <= args.seq_len, f"1 to --seq-len={args.seq_len}, else steps go untrained"),
         ("n_step", args.n_step, 1 <= args.n_step <= args.seq_len, f"1 <= n-step <= --seq-len={args.seq_len}"),
         ("batch_size", args.batch_size, args.batch_size >= 1, "at least 1"),
-        ("buffer_size", args.buffer_size, args.buffer_size >= min_buffer, f"at least {min_buffer}: two windows per env"),
+        ("buffer_size", args.buffer_size, args.buffer_size >= min_buffer, f"at least {min_buffer}: each env's windows"),
         ("replay_ratio", args.replay_ratio, args.replay_ratio > 0, "> 0"),
         ("target_network_frequency", args.target_network_frequency, args.target_network_frequency >= 1, "at least 1"),
         ("start_e", args.start_e, 0 <= args.start_e <= 1, "in [0, 1]"),

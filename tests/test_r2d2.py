@@ -198,6 +198,44 @@ def test_stored_state_is_zero_at_episode_start(module):
     assert np.allclose(rb.seq_h[mid, 0], expected) and np.allclose(rb.seq_c[mid, 0], expected)
 
 
+@pytest.mark.parametrize("burn_in, seq_len, period, n_step, frame_stack", [(0, 4, 4, 1, 8), (2, 4, 2, 1, 12), (4, 8, 4, 2, 4)])
+def test_the_smallest_accepted_replay_never_serves_overwritten_frames(burn_in, seq_len, period, n_step, frame_stack):
+    """Frame stacks reach `frame_stack - 1` slots before a window: with the smallest replay the flags allow, a
+    sequence is evicted before the ring overwrites any slot it reads, however long the stack."""
+    sizes = dict(num_envs=2, burn_in=burn_in, seq_len=seq_len, sequence_period=period, n_step=n_step, lstm_size=2)
+    sizes.update(frame_stack=frame_stack)
+    window = burn_in + seq_len + n_step
+    smallest = 2 * (window + max(window, period + frame_stack))
+    with pytest.raises(SystemExit, match="--buffer-size"):
+        r2d2_atari.validate_args(r2d2_atari.Args(**sizes, buffer_size=smallest - 1))
+    args = r2d2_atari.Args(**sizes, buffer_size=smallest)
+    r2d2_atari.validate_args(args)
+    rb = r2d2_atari.SequenceReplay(args, (1,), np.uint8)
+    rng, zeros, no = np.random.default_rng(0), np.zeros((2, 2), np.float32), np.zeros(2, bool)
+    is_first, is_reset_step, episode_start, checked = np.ones(2, bool), no, np.zeros(2, int), 0
+    episode_of = {}  # (env, step) -> the first step of its episode
+    for t in range(300):  # the frame of step t is t % 250 + 1 (never 0)
+        episode_start = np.where(is_first, t, episode_start)
+        episode_of.update({(e, t): episode_start[e] for e in range(2)})
+        done = (rng.random(2) < 0.05) & ~is_reset_step
+        frame = np.full((2, 1), t % 250 + 1, np.uint8)
+        rb.add(frame, np.zeros(2, int), np.zeros(2, np.float32), done, no, is_first, is_reset_step, zeros, zeros)
+        is_first, is_reset_step = is_reset_step, done
+        ids = live_ids(rb)
+        if len(ids) == 0:
+            continue
+        batch, history = rb.gather(ids, "cpu"), np.arange(1 - frame_stack, 1)
+        for b, i in enumerate(ids):
+            env, start = int(rb.seq_env[i]), int(rb.seq_start[i])
+            for p in np.flatnonzero(batch["valid"][:, b].numpy()):
+                steps = start + p + history
+                first = episode_of[env, start + p]
+                expected = np.where(steps >= first, steps % 250 + 1, 0)
+                assert np.array_equal(batch["obs"][p, b, :, 0].numpy(), expected), (t, env, start, p)
+                checked += 1
+    assert checked > 1000
+
+
 def test_network_state_restarts_at_episode_start():
     torch.manual_seed(0)
     net = r2d2.QNetwork(2, 2, 8)
