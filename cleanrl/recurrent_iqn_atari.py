@@ -270,7 +270,8 @@ class SumTree:
 class SequenceReplay:
     """Per-environment step streams in a ring. Window k trains the `seq_len` slots from k * seq_len; the
     `burn_in` slots before them warm up the recurrent state stored when the first of them was acted, and the
-    `n_step` slots after them complete the targets. Windows overlap by burn-in and tail, so every step is trained once.
+    `n_step` slots after them complete the targets. Windows overlap by burn-in and tail, so every step is trained once,
+    but for those of the first windows, whose burn-in would begin before the stream.
 
     Slot t holds the observation o_t and what the agent fed with it (last action, last clipped reward,
     timestep, is_first), the action a_t, the reward r_t and the end flags of that step, and
