@@ -2,10 +2,13 @@
 and compares the estimate printed at 5%, 25% and 50% of the run with the time the run really took from there.
 
     python benchmark/eta_accuracy.py pqn --total-timesteps 2000000
-    python benchmark/eta_accuracy.py r2d2_atari --env-id Breakout-v5 --total-timesteps 6400 --learning-starts 320
+    python benchmark/eta_accuracy.py r2d2_atari --env-id Breakout-v5 --total-timesteps 4000 --learning-starts 80 \
+        --buffer-size 4000 --num-envs 4 --burn-in 10 --seq-len 20 --sequence-period 10 --batch-size 8 --lstm-size 64
 
 Prints one markdown row: script and flags, steps, wall time of the training loop, and at each point the estimate
-against the truth (positive: the estimate was too long). docs/get-started/basic-usage.md shows the table.
+against the truth (positive: the estimate was too long), with the percent of the run it was printed at when the
+first estimate came later than the point (a recurrent script estimates from its first update on).
+docs/get-started/basic-usage.md shows the table.
 """
 
 import importlib
@@ -27,9 +30,9 @@ def measure(script: str, flags: list[str]) -> tuple[list[tuple[float, int, float
         init(self, *args, **kwargs)
         self.interval = 1.0
 
-    def recorded(self, global_step, recent_scores, force=False):
+    def recorded(self, global_step, recent_scores, force=False, updates=None):
         before = self.last_print
-        print_line(self, global_step, recent_scores, force)
+        print_line(self, global_step, recent_scores, force, updates)
         if self.last_print != before:
             lines.append((time.time(), global_step, self.time_left(global_step), self.total))
 
@@ -44,12 +47,13 @@ def row(script: str, flags: list[str]) -> str:
     lines, end, total = measure(script, flags)
     cells = []
     for point in POINTS:
-        first = next(((when, left) for when, step, left in lines if step >= point * total and left is not None), None)
+        first = next(((when, left, step) for when, step, left in lines if step >= point * total and left is not None), None)
         if first is None:
             cells.append("no estimate")
             continue
         truth = end - first[0]
-        cells.append(f"{first[1]:.0f} s / {truth:.0f} s ({100 * (first[1] - truth) / truth:+.0f}%)")
+        late = f" at {100 * first[2] / total:.0f}%" if first[2] > (point + 0.02) * total else ""  # first estimate later
+        cells.append(f"{first[1]:.0f} s / {truth:.0f} s ({100 * (first[1] - truth) / truth:+.0f}%){late}")
     return f"| `{script}.py {' '.join(flags)}` | {total:,} | {end - lines[0][0]:.0f} s | " + " | ".join(cells) + " |"
 
 

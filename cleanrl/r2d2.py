@@ -516,7 +516,7 @@ def main(args: Args) -> list[float]:
             if not rb.save_arrays:  # the replay starts empty: collect again before learning
                 learn_from = checkpoint["global_step"] + args.learning_starts
                 run.note_empty_replay(learn_from)
-        progress = run.progress(global_step)
+        progress = run.progress(global_step, updates_per_vector_step / num_envs)
         for iteration in range(global_step // num_envs, num_iterations):
             global_step = (iteration + 1) * num_envs
             keep = torch.as_tensor(~is_first, device=device).float().unsqueeze(-1)
@@ -562,7 +562,7 @@ def main(args: Args) -> list[float]:
                     run.writer.add_scalar("charts/epsilon", float(epsilons.mean()), global_step)
                     run.writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
                     run.writer.add_scalar("charts/SPS", progress.sps(global_step), global_step)
-            progress.print(global_step, stats.recent)
+            progress.print(global_step, stats.recent, updates=updates)
             if run.checkpoint_or_stop(global_step, num_envs, iteration + 1 == num_iterations, checkpoint_state):
                 break
 

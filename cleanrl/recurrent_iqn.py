@@ -604,7 +604,7 @@ def main(args: Args) -> list[float]:
                 rb.truncated[:, (rb.pos - 1) % rb.capacity] = True
             if not args.checkpoint_replay:  # the replay starts empty (rb.pos 0)
                 run.note_empty_replay(start_iteration * args.num_envs + args.learning_starts)
-        progress = run.progress(start_iteration * args.num_envs)
+        progress = run.progress(start_iteration * args.num_envs, 1 / (update_every * args.num_envs))
         for iteration in range(start_iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
             base_epsilon = base_epsilon_schedule(
@@ -644,7 +644,7 @@ def main(args: Args) -> list[float]:
                     target_network.load_state_dict(q_network.state_dict())
 
             is_last = iteration == num_iterations
-            progress.print(global_step, stats.recent, force=is_last)
+            progress.print(global_step, stats.recent, force=is_last, updates=updates)
             if run.checkpoint_or_stop(global_step, args.num_envs, is_last, lambda: checkpoint_state(iteration)):
                 break
         envs.close()

@@ -317,27 +317,59 @@ class Progress:
     """The console line of a long run, at most every `interval` seconds: steps, percent done, SPS, recent return and
     time left. The time left comes from the rate since learning started (at `learning_starts`): the steps before it
     only act and run much faster, so a rate that counted them would promise too little time; until then the line
-    says "warming up". `slow_hint`, when given, is printed once, with the first estimate, if the run would take over
-    a day more."""
+    says "warming up". A script whose updates are few and long (one per hundreds or thousands of agent steps, and
+    only once whole sequences are stored) gives `updates_per_step` and its update count to `print`: the time left is
+    then the remaining steps at the measured acting time per step plus the remaining updates at the measured time
+    per update, known from the first update on. `slow_hint`, when given, is printed once, with the first estimate,
+    if the run would take over a day more."""
 
     def __init__(
-        self, total_timesteps: int, start_step: int, learning_starts: int = 0, interval: float = 10.0, slow_hint=None
+        self,
+        total_timesteps: int,
+        start_step: int,
+        learning_starts: int = 0,
+        interval: float = 10.0,
+        slow_hint=None,
+        updates_per_step: float = 0.0,
     ):
         self.total, self.start_step, self.interval, self.slow_hint = total_timesteps, start_step, interval, slow_hint
         self.start_time = self.last_print = time.time()
         self.learning_starts, self.origin = learning_starts, None  # origin: (step, time) of the rate's first point
+        self.updates_per_step, self.last_call = updates_per_step, None  # last_call: (step, updates, time)
+        # time spent between calls without an update (acting), and between calls with updates (and their steps)
+        self.act_steps = self.act_seconds = self.updates_timed = self.update_seconds = self.update_call_steps = 0
 
     def sps(self, global_step: int) -> int:
         return int((global_step - self.start_step) / max(time.time() - self.start_time, 1e-9))
 
+    def count(self, global_step: int, updates: int, now: float) -> None:
+        """Adds the time since the last call to the acting time, or to the updates' time if updates were made."""
+        last, self.last_call = self.last_call, (global_step, updates, now)
+        if last is None or global_step <= self.learning_starts:
+            return
+        if updates == last[1]:
+            self.act_steps, self.act_seconds = self.act_steps + global_step - last[0], self.act_seconds + now - last[2]
+        else:
+            self.updates_timed += updates - last[1]
+            self.update_seconds += now - last[2]
+            self.update_call_steps += global_step - last[0]
+
     def time_left(self, global_step: int) -> Optional[float]:
         """Seconds left at the rate since learning started; None before a rate is known."""
+        if self.updates_per_step:
+            if not (self.updates_timed and self.act_steps and self.act_seconds):
+                return None
+            per_step = self.act_seconds / self.act_steps  # the acting steps of calls with updates are not update time
+            per_update = max(self.update_seconds - self.update_call_steps * per_step, 0.0) / self.updates_timed
+            return (self.total - global_step) * (per_step + self.updates_per_step * per_update)
         if self.origin is None:
             return None
         steps, seconds = global_step - self.origin[0], time.time() - self.origin[1]
         return (self.total - global_step) * seconds / steps if steps > 0 and seconds > 0 else None
 
-    def print(self, global_step: int, recent_scores, force: bool = False) -> None:
+    def print(self, global_step: int, recent_scores, force: bool = False, updates: Optional[int] = None) -> None:
+        if updates is not None:
+            self.count(global_step, updates, time.time())
         if self.origin is None and global_step >= self.learning_starts:
             self.origin = (global_step, time.time())
         if not force and time.time() - self.last_print < self.interval:
@@ -351,8 +383,8 @@ class Progress:
             eta = f"ETA {format_duration(left)}"
         elif global_step < self.learning_starts:
             eta = f"warming up (learning starts at step {self.learning_starts})"
-        else:
-            eta = "ETA measuring"
+        else:  # learning started; with updates counted, the first update has not yet been timed
+            eta = "ETA after the first update" if self.updates_per_step and not self.updates_timed else "ETA measuring"
         print(
             f"step {global_step:>9}/{self.total} ({100 * global_step / self.total:5.1f}%) | SPS {sps:>6} | "
             f"return(100) {mean:8.2f} | {eta}"
@@ -835,12 +867,16 @@ class Run:
         instead = f"cleanrl/{twin}" if twin != name else f"{name} --env-id CartPole-v1"
         return f"for a first run on a CPU, try `python {instead}` or a smaller --total-timesteps"
 
-    def progress(self, start_step: int) -> Progress:
-        """The progress line of this run, its time left measured from the step learning (re)starts at; Atari on a CPU
+    def progress(self, start_step: int, updates_per_step: float = 0.0) -> Progress:
+        """The progress line of this run, its time left measured from the step learning (re)starts at (with
+        `updates_per_step`: from the acting time per step and the time per update, see `Progress`); Atari on a CPU
         warns with the first estimate if the run would take over a day more."""
         slow = self.device.type == "cpu" and self.args.env_id.endswith("-v5")
         learning_starts = self.learning_resumes_at or getattr(self.args, "learning_starts", 0)
-        return Progress(self.args.total_timesteps, start_step, learning_starts, slow_hint=self.slow_hint() if slow else None)
+        hint = self.slow_hint() if slow else None
+        return Progress(
+            self.args.total_timesteps, start_step, learning_starts, slow_hint=hint, updates_per_step=updates_per_step
+        )
 
     def note_empty_replay(self, learning_resumes_at: int) -> None:
         """Says, on a resume without --checkpoint-replay, that the replay restarts empty and when learning resumes."""

@@ -115,6 +115,23 @@ def test_durations_count_days_and_the_progress_line_says_percent_done(monkeypatc
     assert len(lines) == 4  # the warning comes once
 
 
+def test_few_long_updates_are_timed_apart_from_acting(monkeypatch, capsys):
+    """One update of 8 s every 1,000 steps, acting 1 ms a step: the time left counts both from the first update on,
+    while a rate since learning started would see only the acting steps before the first update."""
+    now = [0.0]
+    monkeypatch.setattr(plumbing.time, "time", lambda: now[0])
+    progress = plumbing.Progress(100_000, 0, learning_starts=1_000, interval=0.0, updates_per_step=1 / 1_000)
+    for step in range(100, 2_100, 100):
+        updates = 1 if step >= 2_000 else 0  # the first update, in the call of step 2,000 (with its 100 steps)
+        now[0] += 0.1 + (8.0 if step == 2_000 else 0.0)
+        progress.print(step, [], updates=updates)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("| warming up (learning starts at step 1000)")
+    assert lines[10].endswith("| ETA after the first update")  # step 1,100: learning started, no update yet
+    assert lines[-1].endswith("| ETA 00:14:42")  # 98,000 steps x (1 ms acting + 8 s / 1,000 steps updating): 882 s
+    assert progress.time_left(2_000) == pytest.approx(98_000 * (0.001 + 8.0 / 1_000))
+
+
 def test_a_run_starts_with_its_setting_and_ends_with_a_summary(capsys):
     pqn = importlib.import_module("cleanrl.pqn")
     scores = pqn.main(pqn.Args(**TINY["pqn"]))
