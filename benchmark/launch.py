@@ -272,10 +272,10 @@ def make_jobs(env_ids: list[str], seeds: list[int], command: list[str], args: ar
         for env_id in env_ids:
             job = Job(env_id, seed, [*command, "--env-id", env_id, "--seed", str(seed), *extra], env=dict(env))
             if output_dir is not None:
-                job.workdir = str(output_dir / f"{env_id}__{seed}")
+                job.workdir = str(output_dir / f"{env_id.replace('/', '-')}__{seed}")
                 job.log_path = f"{job.workdir}/console.log"
             if args is not None and args.log_dir is not None:
-                job.log_path = str(args.log_dir.resolve() / f"{env_id}__{seed}.log")
+                job.log_path = str(args.log_dir.resolve() / f"{env_id.replace('/', '-')}__{seed}.log")
             jobs.append(job)
     return jobs
 

@@ -25,7 +25,7 @@ from cleanrl_q_utils.flat_radam import RAdam, flatten_parameters  # noqa: E402
 def variant(kind: str, obs_dim: int = 4, num_actions: int = 2):
     """(network, parameters to clip, zero_grad, optimizer) with the same initial weights for every kind."""
     torch.manual_seed(0)
-    network = QNetwork(obs_dim, num_actions)
+    network = QNetwork((obs_dim,), num_actions)
     if kind == "flat RAdam (pqn.py)":
         flat = flatten_parameters(network)
         return network, [flat], flat.grad.zero_, RAdam(flat, lr=5e-4)

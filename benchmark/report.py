@@ -109,7 +109,7 @@ def parse_run_name(name: str) -> dict | None:
     if match is None:
         return None
     return {
-        "env_id": match["env_id"],
+        "env_id": re.sub(r"^MinAtar-", "MinAtar/", match["env_id"]),  # run folders write MinAtar/Game-v0 with a dash
         "exp_name": match["exp_name"],
         "seed": int(match["seed"]),
         "timestamp": int(match["timestamp"]),

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cleanrl_q_utils import plumbing
+from cleanrl_q_utils import minatar, plumbing
 
 # 2: the plumbing module's checkpoint layout (the state under one "state" entry, the buffer under "rb").
 CHECKPOINT_FORMAT = 2
@@ -54,8 +54,8 @@ class Args:
     model_path: Optional[str] = None
     """a model file written by --save-model, for --eval-only"""
 
-    env_id: str = "CartPole-v1"  # classic control or Atari, e.g. Breakout-v5
-    """the id of the envpool environment"""
+    env_id: str = "CartPole-v1"  # classic control, Atari (Breakout-v5) or MinAtar (MinAtar/Breakout-v0)
+    """the id of the environment"""
     total_timesteps: int = 120_000
     """the total number of agent steps of the experiment, summed over all environments"""
     num_envs: int = 8
@@ -107,6 +107,19 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
+# The configuration a MinAtar id runs with (flags given on the command line win), chosen in docs/rl-algorithms/
+# dqn_dueling_per.md. Young & Tian's replay ratio, one batch of 32 per agent step, as one batch of 256 every 8 steps.
+MINATAR_DEFAULTS = dict(
+    total_timesteps=5_000_000,
+    learning_rate=2.5e-4,
+    batch_size=256,
+    train_frequency=8,
+    target_network_frequency=8_000,
+    exploration_fraction=0.02,  # Young & Tian: epsilon 1 -> 0.1 over the first 100k steps
+    end_e=0.01,
+)
+
+
 def validate_args(args: Args) -> None:
     """Stops with one clear message on a flag combination the algorithm cannot run, before anything is built."""
     plumbing.check_common_flags(args)
@@ -135,13 +148,16 @@ def validate_args(args: Args) -> None:
 
 
 def buffer_obs_dtype(obs_shape: tuple):
-    """Frames (stacked 84x84, Atari) are stored as uint8, vectors as float32."""
+    """Images (Atari's stacked 84x84 frames, MinAtar's grids of bool planes) are stored as uint8, vectors as float32."""
     return np.uint8 if len(obs_shape) == 3 else np.float32
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
     """Vectorized envpool environments, for training and evaluation alike; Atari with the DQN preprocessing: a lost life
-    ends an episode (envpool then plays no-ops and FIRE) and rewards are clipped (true scores come from `true_game_end`)."""
+    ends an episode (envpool then plays no-ops and FIRE) and rewards are clipped (true scores come from `true_game_end`).
+    MinAtar games come through gymnasium, played as Young & Tian's protocol has them."""
+    if minatar.is_minatar(env_id):
+        return minatar.make_envs(env_id, num_envs, seed)
     kwargs = dict(num_threads=1)  # cheaper than a thread pool for classic control's tiny steps
     if env_id.endswith("-v5"):  # envpool's Atari ids
         kwargs = dict(episodic_life=True, reward_clip=True, stack_num=4, noop_max=30, repeat_action_probability=0.0)
@@ -162,12 +178,20 @@ def dueling_combine(value: torch.Tensor, advantage: torch.Tensor) -> torch.Tenso
 
 
 class DuelingQNetwork(nn.Module):
-    """A shared torso (Nature CNN for frames, one dense layer for vectors), then two-layer value and advantage streams."""
+    """A shared torso, then two-layer value and advantage streams. The torso: the Nature CNN for Atari's stacked frames
+    (4, 84, 84); for MinAtar's (10, 10, C) grids Young & Tian's one convolution of 16 filters 3x3, with their 128 units
+    as the streams' hidden layers; one dense layer for vectors."""
 
     def __init__(self, obs_shape: tuple, num_actions: int, hidden_size: int = 128):
         super().__init__()
-        self.is_image = len(obs_shape) == 3
-        if self.is_image:
+        self.is_image = len(obs_shape) == 3 and obs_shape[0] != obs_shape[1]  # (4, 84, 84): channels first
+        self.is_grid = len(obs_shape) == 3 and obs_shape[0] == obs_shape[1]  # (10, 10, C): channels last
+        if self.is_grid:
+            height, width, channels = obs_shape
+            self.torso = nn.Sequential(nn.Conv2d(channels, 16, 3), nn.ReLU(), nn.Flatten())
+            features, hidden_size = 16 * (height - 2) * (width - 2), 128
+            self.torso_name = f"convolutional (16 filters 3x3, streams of 128 units) for {height}x{width}x{channels} grids"
+        elif self.is_image:
             self.torso = nn.Sequential(
                 nn.Conv2d(obs_shape[0], 32, 8, stride=4),
                 nn.ReLU(),
@@ -178,13 +202,16 @@ class DuelingQNetwork(nn.Module):
                 nn.Flatten(),
             )
             features, hidden_size = 3136, 512
+            self.torso_name = "Nature CNN (streams of 512 units) for stacked 84x84 frames"
         else:
             self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), hidden_size), nn.ReLU())
             features = hidden_size
+            self.torso_name = f"MLP of {hidden_size} units for vectors of {int(np.prod(obs_shape))}"
         self.value = nn.Sequential(nn.Linear(features, hidden_size), nn.ReLU(), nn.Linear(hidden_size, 1))
         self.advantage = nn.Sequential(nn.Linear(features, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.permute(0, 3, 1, 2) if self.is_grid else x
         z = self.torso(x.float() / 255.0 if self.is_image else x.float())
         if self.is_image and z.requires_grad:
             z.register_hook(lambda grad: grad * 2**-0.5)  # Wang et al. (Atari): gradient into the last conv layer / sqrt(2)
@@ -383,7 +410,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     """Plays --eval-episodes whole games (--eval-epsilon) on training's envs seeded apart (--seed + 1), one per env: on
     Atari a lost life ends an episode and envpool serves the next with FIRE. Returns the true scores (raw, all lives).
     --capture-video plays them in turn on ale-py (FIRE after a lost life too) and records them to the run's videos/ folder."""
-    spec = envpool.make_spec(args.env_id)
+    spec = plumbing.check_env_id(args.env_id)
     model = DuelingQNetwork(spec.observation_space.shape, spec.action_space.n, args.hidden_size).to(device)
     plumbing.load_weights(model, model_path, device)
     model.eval()
@@ -429,6 +456,7 @@ def train_step(args: Args, run: plumbing.Run, q_network, target_network, optimiz
 
 
 def main(args: Args) -> list[float]:
+    args = minatar.with_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:
         return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
@@ -439,11 +467,12 @@ def main(args: Args) -> list[float]:
     with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads) as run:
         plumbing.seed_everything(args.seed, args.torch_deterministic)
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
-        obs_shape, num_actions = envs.observation_space.shape, envs.action_space.n
+        obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
         obs_dtype = buffer_obs_dtype(obs_shape)
         device = run.device
         q_network = DuelingQNetwork(obs_shape, num_actions, args.hidden_size).to(device)
         target_network = DuelingQNetwork(obs_shape, num_actions, args.hidden_size).to(device)
+        print(f"  torso: {q_network.torso_name}")
         target_network.load_state_dict(q_network.state_dict())
         optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
         rb = PrioritizedReplayBuffer(args.buffer_size, obs_shape, obs_dtype, args.prioritized_replay_alpha, seed=args.seed)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import plumbing
+from cleanrl_q_utils import minatar, plumbing
 
 
 @dataclass
@@ -51,8 +51,8 @@ class Args:
     model_path: Optional[str] = None
     """a model file written by --save-model, for --eval-only"""
 
-    env_id: str = "CartPole-v1"  # classic control (vector observations)
-    """the id of the envpool environment"""
+    env_id: str = "CartPole-v1"  # classic control, or MinAtar (MinAtar/Breakout-v0)
+    """the id of the environment"""
     total_timesteps: int = 300_000
     """the total number of agent steps of the experiment, summed over all environments"""
     num_envs: int = 4
@@ -108,6 +108,22 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
+# The configuration a MinAtar id runs with (flags given on the command line win), chosen in docs/rl-algorithms/iqn.md.
+# Young & Tian's budget, replay size and exploration; an update of batch 32 every 4 steps, as Revisiting Rainbow.
+MINATAR_DEFAULTS = dict(
+    total_timesteps=5_000_000,
+    num_envs=4,
+    buffer_size=100_000,
+    learning_starts=5_000,
+    batch_size=32,
+    train_frequency=4,
+    target_network_frequency=4_000,
+    exploration_fraction=0.02,  # Young & Tian: epsilon 1 -> 0.1 over the first 100k steps
+    end_e=0.01,
+    learning_rate=1e-4,
+)
+
+
 def validate_args(args: Args) -> None:
     plumbing.check_common_flags(args)
     spec = plumbing.check_env_id(args.env_id, atari=False)
@@ -132,6 +148,8 @@ def validate_args(args: Args) -> None:
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
+    if minatar.is_minatar(env_id):
+        return minatar.make_envs(env_id, num_envs, seed)
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
 
 
@@ -146,17 +164,27 @@ class QuantileNetwork(nn.Module):
 
     x (B, *obs_shape) and taus (B, N) -> (B, N, num_actions). The state features psi(x) are computed once per state
     and multiplied element-wise by the embedding phi(tau) = ReLU(Linear(cos(pi i tau))) of each quantile level.
+    psi of a vector is one dense layer; of MinAtar's (10, 10, C) grid, Young & Tian's convolution of 16 filters 3x3
+    (as the Nature CNN is IQN's psi on Atari), and their 128 units are the head's hidden layer.
     """
 
-    def __init__(self, obs_dim: int, num_actions: int, embedding_dim: int, hidden_size: int):
+    def __init__(self, obs_shape: tuple, num_actions: int, embedding_dim: int, hidden_size: int):
         super().__init__()
-        self.embedding_dim = embedding_dim
-        self.torso = nn.Sequential(nn.Flatten(), nn.Linear(obs_dim, hidden_size), nn.ReLU())
-        self.tau_embedding = nn.Sequential(nn.Linear(embedding_dim, hidden_size), nn.ReLU())
-        self.head = nn.Sequential(nn.Linear(hidden_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
+        self.embedding_dim, self.is_grid = embedding_dim, len(obs_shape) == 3
+        if self.is_grid:
+            height, width, channels = obs_shape
+            self.torso = nn.Sequential(nn.Conv2d(channels, 16, 3), nn.ReLU(), nn.Flatten())
+            features, hidden_size = 16 * (height - 2) * (width - 2), 128
+            self.torso_name = f"convolutional (16 filters 3x3; head of 128 units) for {height}x{width}x{channels} grids"
+        else:
+            features = hidden_size
+            self.torso = nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(obs_shape)), hidden_size), nn.ReLU())
+            self.torso_name = f"MLP of {hidden_size} units for vectors of {int(np.prod(obs_shape))}"
+        self.tau_embedding = nn.Sequential(nn.Linear(embedding_dim, features), nn.ReLU())
+        self.head = nn.Sequential(nn.Linear(features, hidden_size), nn.ReLU(), nn.Linear(hidden_size, num_actions))
 
     def forward(self, x: torch.Tensor, taus: torch.Tensor) -> torch.Tensor:
-        features = self.torso(x)
+        features = self.torso(x.permute(0, 3, 1, 2).float() if self.is_grid else x)
         tau_features = self.tau_embedding(cosine_embedding(taus, self.embedding_dim))
         return self.head(features.unsqueeze(1) * tau_features)
 
@@ -317,8 +345,8 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
         envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, video_folder)])
     else:
         envs = make_env(args.env_id, 1, seed)
-    obs_dim, num_actions = int(np.prod(envs.single_observation_space.shape)), envs.single_action_space.n
-    model = QuantileNetwork(obs_dim, num_actions, args.quantile_embedding_dim, args.hidden_size).to(device)
+    obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
+    model = QuantileNetwork(obs_shape, num_actions, args.quantile_embedding_dim, args.hidden_size).to(device)
     plumbing.load_weights(model, model_path, device)
     obs, _ = envs.reset(seed=seed) if args.capture_video else envs.reset()
     scores, score = [], 0.0
@@ -337,6 +365,7 @@ CHECKPOINT_FORMAT = 2  # the layout of checkpoint.pt: a resume refuses files of 
 
 
 def main(args: Args) -> list[float]:
+    args = minatar.with_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:
         return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
@@ -348,8 +377,9 @@ def main(args: Args) -> list[float]:
         device = run.device
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         num_actions, obs_shape = envs.single_action_space.n, envs.single_observation_space.shape
-        network_sizes = (int(np.prod(obs_shape)), num_actions, args.quantile_embedding_dim, args.hidden_size)
+        network_sizes = (obs_shape, num_actions, args.quantile_embedding_dim, args.hidden_size)
         q_network = QuantileNetwork(*network_sizes).to(device)
+        print(f"  torso: {q_network.torso_name}")
         optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps)
         target_network = QuantileNetwork(*network_sizes).to(device)
         target_network.load_state_dict(q_network.state_dict())

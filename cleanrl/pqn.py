@@ -1,4 +1,4 @@
-"""Parallel Q-Network (PQN) for classic-control tasks with discrete actions.
+"""Parallel Q-Network (PQN) for classic-control tasks and MinAtar games with discrete actions.
 
 PQN is Q-learning without a replay buffer and without a target network: many vectorized environments
 collect a short rollout with an epsilon-greedy policy, Q(lambda) targets are computed once from the
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import plumbing
+from cleanrl_q_utils import minatar, plumbing
 from cleanrl_q_utils.flat_radam import RAdam, flatten_parameters
 
 
@@ -51,8 +51,8 @@ class Args:
     model_path: Optional[str] = None
     """a model file written by --save-model, for --eval-only"""
 
-    env_id: str = "CartPole-v1"
-    """the id of the envpool environment"""
+    env_id: str = "CartPole-v1"  # MinAtar games too: MinAtar/Breakout-v0 (the `minatar` extra)
+    """the id of the environment"""
     total_timesteps: int = 499_712
     """the total number of agent steps of the experiment, summed over all environments"""
     learning_rate: float = 5e-4  # RAdam; CleanRL: 2.5e-4 with 4 envs; larger batches take a larger step
@@ -90,6 +90,11 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
+# The configuration a MinAtar id runs with (flags given on the command line win); chosen on MinAtar in
+# docs/rl-algorithms/pqn.md. purejaxql's MinAtar shape: 128 envs x 32 steps, lambda 0.65, 10M steps.
+MINATAR_DEFAULTS = dict(total_timesteps=10_000_000, num_envs=128, num_steps=32, num_minibatches=32, update_epochs=2)
+
+
 def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> int:
     """Bytes of the rollout storage `main` allocates: (num_steps, num_envs) observations, then per step an int64
     action, float32 reward, termination and max-Q, and a bool reset flag."""
@@ -117,6 +122,8 @@ def validate_args(args: Args) -> None:
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
+    if minatar.is_minatar(env_id):
+        return minatar.make_envs(env_id, num_envs, seed)
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
 
 
@@ -127,21 +134,29 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class QNetwork(nn.Module):
-    """MLP 120-84 with LayerNorm before every hidden ReLU: it is what keeps TD learning stable without a target network."""
+    """LayerNorm before every hidden ReLU: it is what keeps TD learning stable without a target network. Vectors go
+    through an MLP 120-84; MinAtar's (10, 10, C) images through Young & Tian's torso, one 3x3 convolution of 16
+    filters and 128 units."""
 
-    def __init__(self, obs_dim: int, num_actions: int):
+    def __init__(self, obs_shape: tuple, num_actions: int):
         super().__init__()
-        self.network = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 120)),
-            nn.LayerNorm(120),
-            nn.ReLU(),
-            layer_init(nn.Linear(120, 84)),
-            nn.LayerNorm(84),
-            nn.ReLU(),
-            layer_init(nn.Linear(84, num_actions)),
-        )
+        self.is_image = len(obs_shape) == 3
+        if self.is_image:
+            height, width, channels = obs_shape
+            torso = [layer_init(nn.Conv2d(channels, 16, 3)), nn.LayerNorm([16, height - 2, width - 2]), nn.ReLU()]
+            torso += [nn.Flatten(), layer_init(nn.Linear(16 * (height - 2) * (width - 2), 128)), nn.LayerNorm(128)]
+            self.torso_name = f"convolutional (16 filters 3x3, 128 units) for {height}x{width}x{channels} images"
+            hidden = 128
+        else:
+            torso = [layer_init(nn.Linear(int(np.prod(obs_shape)), 120)), nn.LayerNorm(120), nn.ReLU()]
+            torso += [layer_init(nn.Linear(120, 84)), nn.LayerNorm(84)]
+            self.torso_name = f"MLP 120-84 for vectors of {int(np.prod(obs_shape))}"
+            hidden = 84
+        self.network = nn.Sequential(*torso, nn.ReLU(), layer_init(nn.Linear(hidden, num_actions)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.is_image:  # bool planes, channels last, as the games give them
+            x = x.permute(0, 3, 1, 2).float()
         return self.network(x)
 
 
@@ -217,7 +232,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
         obs, _ = envs.reset()
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)
-    model = QNetwork(int(np.prod(envs.single_observation_space.shape)), num_actions).to(device)
+    model = QNetwork(envs.single_observation_space.shape, num_actions).to(device)
     plumbing.load_weights(model, model_path, device)
     model.eval()
     scores, episode_returns = [], np.zeros(num_envs)
@@ -241,6 +256,7 @@ CHECKPOINT_FORMAT = 3  # 3: the state `main` lists in `checkpoint_state`
 
 
 def main(args: Args) -> list[float]:
+    args = minatar.with_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:
         return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
@@ -259,7 +275,8 @@ def main(args: Args) -> list[float]:
 
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
-        q_network = QNetwork(int(np.prod(obs_shape)), num_actions).to(device)
+        q_network = QNetwork(obs_shape, num_actions).to(device)
+        print(f"  torso: {q_network.torso_name}")
         optimizer = RAdam(flatten_parameters(q_network), lr=args.learning_rate)
 
         # Rollout storage lives in numpy (cheap per-step writes) and moves to the device once per rollout.

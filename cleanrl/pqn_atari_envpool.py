@@ -53,7 +53,7 @@ class Args:
     """a model file written by --save-model, for --eval-only"""
 
     env_id: str = "Breakout-v5"
-    """the id of the envpool environment"""
+    """the id of the environment"""
     total_timesteps: int = 9_999_360
     """the total number of agent steps of the experiment, summed over all environments"""
     learning_rate: float = 2.5e-4

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import plumbing
+from cleanrl_q_utils import minatar, plumbing
 
 CHECKPOINT_FORMAT = 3  # 3: --seq-len counts the trained steps only; --sequence-period
 
@@ -54,8 +54,8 @@ class Args:
     model_path: str | None = None
     """a model file written by --save-model, for --eval-only"""
 
-    env_id: str = "CartPole-v1"
-    """the id of the envpool environment"""
+    env_id: str = "CartPole-v1"  # classic control, or MinAtar (MinAtar/Breakout-v0)
+    """the id of the environment"""
     total_timesteps: int = 300_000
     """the total number of agent steps of the experiment, summed over all environments"""
     mask_velocity: bool = False
@@ -119,6 +119,22 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
+# The configuration a MinAtar id runs with (flags given on the command line win), chosen in docs/rl-algorithms/r2d2.md.
+MINATAR_DEFAULTS = dict(
+    total_timesteps=2_000_000,
+    buffer_size=200_000,
+    learning_starts=20_000,
+    seq_len=20,
+    burn_in=10,
+    sequence_period=10,
+    replay_ratio=4.0,
+    learning_rate=2.5e-4,
+    target_network_frequency=1_000,
+    exploration_fraction=0.1,
+    end_e=0.01,
+)
+
+
 def validate_args(args: Args) -> None:
     plumbing.check_common_flags(args)
     spec = plumbing.check_env_id(args.env_id, atari=False)
@@ -142,11 +158,19 @@ def validate_args(args: Args) -> None:
     ]
     plumbing.check_flags(checks)
     obs_shape = observe(np.zeros((1, *spec.observation_space.shape)), args.mask_velocity).shape[1:]
-    plumbing.check_memory(replay_memory_bytes(args, obs_shape, np.float32), "the replay", f"--buffer-size={args.buffer_size}")
+    needed = replay_memory_bytes(args, obs_shape, stored_dtype(obs_shape))
+    plumbing.check_memory(needed, "the replay", f"--buffer-size={args.buffer_size}")
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
+    if minatar.is_minatar(env_id):
+        return minatar.make_envs(env_id, num_envs, seed)
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
+
+
+def stored_dtype(obs_shape: tuple):
+    """MinAtar's grids of bool planes are stored as they come, vectors as float32."""
+    return np.bool_ if len(obs_shape) == 3 else np.float32
 
 
 def observe(obs: np.ndarray, mask_velocity: bool) -> np.ndarray:
@@ -155,13 +179,22 @@ def observe(obs: np.ndarray, mask_velocity: bool) -> np.ndarray:
 
 
 class QNetwork(nn.Module):
-    """Torso -> LSTM (input also gets the previous reward and one-hot previous action) -> dueling heads."""
+    """Torso -> LSTM (input also gets the previous reward and one-hot previous action) -> dueling heads. The torso of
+    a vector is one dense layer of `lstm_size` units; of MinAtar's (10, 10, C) grid, Young & Tian's convolution of 16
+    filters 3x3 and 128 units."""
 
-    def __init__(self, obs_dim: int, num_actions: int, lstm_size: int):
+    def __init__(self, obs_shape: tuple, num_actions: int, lstm_size: int):
         super().__init__()
-        self.num_actions = num_actions
-        self.torso = nn.Sequential(nn.Linear(obs_dim, lstm_size), nn.ReLU())
-        self.lstm = nn.LSTM(lstm_size + num_actions + 1, lstm_size)
+        self.num_actions, self.is_grid = num_actions, len(obs_shape) == 3
+        if self.is_grid:
+            height, width, channels = obs_shape
+            conv = [nn.Conv2d(channels, 16, 3), nn.ReLU(), nn.Flatten()]
+            self.torso = nn.Sequential(*conv, nn.Linear(16 * (height - 2) * (width - 2), 128), nn.ReLU())
+            features, self.torso_name = 128, f"convolutional (16 filters 3x3, 128 units) for {height}x{width}x{channels} grids"
+        else:
+            self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), lstm_size), nn.ReLU())
+            features, self.torso_name = lstm_size, f"MLP of {lstm_size} units for vectors of {int(np.prod(obs_shape))}"
+        self.lstm = nn.LSTM(features + num_actions + 1, lstm_size)
         self.value = nn.Sequential(nn.Linear(lstm_size, lstm_size), nn.ReLU(), nn.Linear(lstm_size, 1))
         self.advantage = nn.Sequential(nn.Linear(lstm_size, lstm_size), nn.ReLU(), nn.Linear(lstm_size, num_actions))
 
@@ -169,7 +202,8 @@ class QNetwork(nn.Module):
         """obs (T, B, ...), last_action (T, B) long (-1: none), last_reward (T, B), is_first (T, B) bool,
         state = (h, c) each (B, H). Returns q (T, B, A) and the final state."""
         steps, batch = is_first.shape
-        features = self.torso(obs.flatten(0, 1)).view(steps, batch, -1)
+        obs = obs.flatten(0, 1)
+        features = self.torso(obs.permute(0, 3, 1, 2).float() if self.is_grid else obs).view(steps, batch, -1)
         one_hot = nn.functional.one_hot(last_action.clamp(min=0), self.num_actions) * (last_action >= 0).unsqueeze(-1)
         x = torch.cat([features, one_hot.float(), last_reward.unsqueeze(-1)], dim=-1)
         # the state restarts from zero at an episode's first observation; episodes only begin in a sequence's
@@ -450,7 +484,7 @@ def evaluate(model_path: str, args: Args, device, video_folder: str) -> list[flo
     scores. --capture-video records one more episode through gymnasium's renderer (envpool does not render)."""
     envs = make_env(args.env_id, args.eval_episodes, args.seed + 100)
     obs, _ = envs.reset()
-    model = QNetwork(observe(obs, args.mask_velocity).shape[1], int(envs.action_space.n), args.lstm_size).to(device)
+    model = QNetwork(observe(obs, args.mask_velocity).shape[1:], int(envs.single_action_space.n), args.lstm_size).to(device)
     plumbing.load_weights(model, model_path, device)
     scores = play(model, envs, obs, args.mask_velocity, device, args.eval_epsilon)
     if args.capture_video:
@@ -466,6 +500,7 @@ def to_step_inputs(obs, last_action, last_reward, is_first, device):
 
 
 def main(args: Args) -> list[float]:
+    args = minatar.with_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:
         return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)  # a resumed run goes on with the checkpoint's flags
@@ -477,15 +512,18 @@ def main(args: Args) -> list[float]:
         device = run.device
 
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
-        num_envs, num_actions = args.num_envs, int(envs.action_space.n)
+        num_envs, num_actions = args.num_envs, int(envs.single_action_space.n)
         obs, _ = envs.reset()  # the raw observation: resume checks the replayed environments against it
-        obs_dim = observe(obs, args.mask_velocity).shape[1]
-        q_network = QNetwork(obs_dim, num_actions, args.lstm_size).to(device)
-        target_network = QNetwork(obs_dim, num_actions, args.lstm_size).to(device)
+        obs_shape = observe(obs, args.mask_velocity).shape[1:]
+        q_network = QNetwork(obs_shape, num_actions, args.lstm_size).to(device)
+        target_network = QNetwork(obs_shape, num_actions, args.lstm_size).to(device)
+        print(f"  torso: {q_network.torso_name}")
         target_network.load_state_dict(q_network.state_dict())
         optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps)
-        rb = SequenceReplay(args, (obs_dim,), np.float32)
-        per_observation = f"{replay_memory_bytes(args, (obs_dim,), np.float32) / (rb.num_envs * rb.steps):.1f} bytes"
+        rb = SequenceReplay(args, obs_shape, stored_dtype(obs_shape))
+        per_observation = (
+            f"{replay_memory_bytes(args, obs_shape, stored_dtype(obs_shape)) / (rb.num_envs * rb.steps):.1f} bytes"
+        )
         print(f"replay: {per_observation} per stored observation")
         run.writer.add_text("replay", f"{per_observation} per stored observation")
         updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * args.seq_len)

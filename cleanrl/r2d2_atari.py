@@ -55,7 +55,7 @@ class Args:
     """a model file written by --save-model, for --eval-only"""
 
     env_id: str = "Breakout-v5"
-    """the id of the envpool environment"""
+    """the id of the environment"""
     total_timesteps: int = 10_000_000  # 4 frames each
     """the total number of agent steps of the experiment, summed over all environments"""
     num_envs: int = 32  # one actor each

@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cleanrl_q_utils import plumbing
+from cleanrl_q_utils import minatar, plumbing
 from cleanrl_q_utils.lstm_unroll import segment_bounds, unroll_lstm, unroll_lstm_merged
 
 CHECKPOINT_FORMAT = 3  # 3: replay windows with the burn-in before them; the IQN-before-LSTM layer
@@ -58,8 +58,8 @@ class Args:
     model_path: Optional[str] = None
     """a model file written by --save-model, for --eval-only"""
 
-    env_id: str = "CartPole-v1"
-    """the id of the envpool environment"""
+    env_id: str = "CartPole-v1"  # classic control, or MinAtar (MinAtar/Breakout-v0)
+    """the id of the environment"""
     total_timesteps: int = 450_000
     """the total number of agent steps of the experiment, summed over all environments"""
     mask_velocity: bool = True
@@ -143,9 +143,22 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
+# The configuration a MinAtar id runs with (flags given on the command line win), chosen in
+# docs/rl-algorithms/recurrent_iqn.md. MinAtar has no step cap of its own: 27,000 steps, Atari's, caps a game here.
+MINATAR_DEFAULTS = dict(
+    total_timesteps=2_000_000,
+    mask_velocity=False,  # the CartPole memory task, on by default
+    max_episode_steps=27_000,
+    buffer_size=200_000,
+    learning_starts=20_000,
+    learning_rate=2.5e-4,
+    target_network_frequency=8_000,
+)
+
+
 def validate_args(args):
     plumbing.check_common_flags(args)
-    plumbing.check_env_id(args.env_id, atari=False)
+    plumbing.check_env_id(args.env_id, atari=False)  # MinAtar's grids are not Atari's frames
     if args.mask_velocity and not args.env_id.startswith("CartPole"):
         plumbing.flag_error("mask_velocity", True, f"only defined for CartPole, not --env-id={args.env_id}")
     counts = "num_envs seq_len batch_size n_step num_tau_samples num_tau_prime_samples num_quantile_samples eval_episodes"
@@ -161,12 +174,14 @@ def validate_args(args):
             ("capture_video", True, video_ok, "needs moviepy and pygame (pip install 'cleanrl-q[video]')"),
         ]
     )
-    space = envpool.make_spec(args.env_id).observation_space  # the spec only: no environment is built
+    space = plumbing.check_env_id(args.env_id).observation_space  # the spec only: no environment is built
     need = replay_memory_bytes(args, (2,) if args.mask_velocity else space.shape, space.dtype)
     plumbing.check_memory(need, "the replay", f"--buffer-size={args.buffer_size}")
 
 
 def make_env(env_id, num_envs, seed, mask_velocity, max_episode_steps):
+    if minatar.is_minatar(env_id):  # the step cap, gymnasium's TimeLimit, also scales the timestep input
+        return minatar.make_envs(env_id, num_envs, seed, max_episode_steps)
     envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, max_episode_steps=max_episode_steps)
     return hide_velocity(envs) if mask_velocity else envs
 
@@ -175,7 +190,9 @@ def hide_velocity(env):
     """CartPole observing only the cart position and the pole angle (an envpool pool or one gymnasium env): the
     velocities must be inferred from the history, so the task needs memory."""
     space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
-    return gym.wrappers.TransformObservation(env, lambda obs: obs[..., [0, 2]], space)
+    masked = gym.wrappers.TransformObservation(env, lambda obs: obs[..., [0, 2]], space)
+    masked.single_observation_space, masked.single_action_space = space, env.action_space  # as a pool of envs has them
+    return masked
 
 
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
@@ -185,16 +202,27 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class QNetwork(nn.Module):
-    """MLP -> [features, one-hot last action, last reward, timestep] -> LSTM -> IQN layer -> dueling.
+    """Torso -> [features, one-hot last action, last reward, timestep] -> LSTM -> IQN layer -> dueling.
 
-    With `iqn_before_lstm` the quantile embedding modulates the whole LSTM input instead (as in RLtime); the LSTM
-    then runs once per quantile sample from a shared state, merged back by the mean after every step."""
+    The torso of a vector is one dense layer of `hidden_size` units; of MinAtar's (10, 10, C) grid, Young & Tian's
+    convolution of 16 filters 3x3 and 128 units. With `iqn_before_lstm` the quantile embedding modulates the whole
+    LSTM input instead (as in RLtime); the LSTM then runs once per quantile sample from a shared state, merged back by
+    the mean after every step."""
 
-    def __init__(self, obs_size, num_actions, args):
+    def __init__(self, obs_shape, num_actions, args):
         super().__init__()
-        self.num_actions, self.iqn_before_lstm = num_actions, args.iqn_before_lstm
-        torso_size = args.hidden_size
-        self.torso = nn.Sequential(layer_init(nn.Linear(obs_size, torso_size)), nn.ReLU())
+        self.num_actions, self.iqn_before_lstm, self.is_grid = num_actions, args.iqn_before_lstm, len(obs_shape) == 3
+        if self.is_grid:
+            height, width, channels = obs_shape
+            conv = [layer_init(nn.Conv2d(channels, 16, 3)), nn.ReLU(), nn.Flatten()]
+            torso_size, self.torso_name = (
+                128,
+                f"convolutional (16 filters 3x3, 128 units) for {height}x{width}x{channels} grids",
+            )
+            self.torso = nn.Sequential(*conv, layer_init(nn.Linear(16 * (height - 2) * (width - 2), torso_size)), nn.ReLU())
+        else:
+            torso_size, self.torso_name = args.hidden_size, f"MLP of {args.hidden_size} units for vectors of {obs_shape[0]}"
+            self.torso = nn.Sequential(layer_init(nn.Linear(obs_shape[0], torso_size)), nn.ReLU())
         self.lstm = nn.LSTM(torso_size + num_actions + 2, args.lstm_size)
         for name, param in self.lstm.named_parameters():
             nn.init.orthogonal_(param) if "weight" in name else nn.init.constant_(param, 0.0)
@@ -225,7 +253,8 @@ class QNetwork(nn.Module):
         `is_first` (T, B) zeroes the state before the first frame of an episode; `bounds` (host ints)
         are the steps where any sequence starts one, so the LSTM runs in one call between them."""
         T, B = obs.shape[:2]
-        x = self.torso(obs.reshape(T * B, *obs.shape[2:])).view(T, B, -1)
+        obs = obs.reshape(T * B, *obs.shape[2:])
+        x = self.torso(obs.permute(0, 3, 1, 2).float() if self.is_grid else obs).view(T, B, -1)
         last_action = F.one_hot(last_action.long() + 1, self.num_actions + 1)[..., 1:].float()  # -1 -> zeros
         x = torch.cat([x, last_action, last_reward.unsqueeze(-1), timestep.unsqueeze(-1)], -1)
         keep = (~is_first).unsqueeze(-1).float()
@@ -530,11 +559,9 @@ def evaluate(model_path, args, device, video_folder="videos/eval"):
     if args.capture_video:
         env = plumbing.make_video_env(args.env_id, video_folder)
         envs = gym.vector.SyncVectorEnv([lambda: hide_velocity(env) if args.mask_velocity else env])  # as in training
-        action_space = envs.single_action_space
     else:
         envs = make_env(args.env_id, num_envs, args.seed + 1000, args.mask_velocity, args.max_episode_steps)
-        action_space = envs.action_space
-    q_network = QNetwork(envs.observation_space.shape[-1], int(action_space.n), args).to(device)
+    q_network = QNetwork(envs.single_observation_space.shape, int(envs.single_action_space.n), args).to(device)
     plumbing.load_weights(q_network, model_path, device)
     q_network.eval()
     agent = Agent(q_network, num_envs, args, device)
@@ -558,6 +585,7 @@ def evaluate(model_path, args, device, video_folder="videos/eval"):
 
 
 def main(args: Args) -> list[float]:
+    args = minatar.with_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:
         return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
@@ -570,12 +598,13 @@ def main(args: Args) -> list[float]:
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
 
         envs = make_env(args.env_id, args.num_envs, run.env_seed, args.mask_velocity, args.max_episode_steps)
-        obs_size, num_actions = envs.observation_space.shape[0], int(envs.action_space.n)
-        q_network = QNetwork(obs_size, num_actions, args).to(device)
-        target_network = QNetwork(obs_size, num_actions, args).to(device)
+        obs_space, num_actions = envs.single_observation_space, int(envs.single_action_space.n)
+        q_network = QNetwork(obs_space.shape, num_actions, args).to(device)
+        target_network = QNetwork(obs_space.shape, num_actions, args).to(device)
+        print(f"  torso: {q_network.torso_name}")
         target_network.load_state_dict(q_network.state_dict())
         optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps)
-        rb = SequenceReplay(args, envs.observation_space.shape, envs.observation_space.dtype, args.lstm_size, device)
+        rb = SequenceReplay(args, obs_space.shape, obs_space.dtype, args.lstm_size, device)
         agent = Agent(q_network, args.num_envs, args, device)
         stats = plumbing.EpisodeStats(args.num_envs)
         # One update of batch_size x seq_len trained slots per this many agent steps keeps the replay ratio.

@@ -60,7 +60,7 @@ class Args:
     """a model file written by --save-model, for --eval-only"""
 
     env_id: str = "Breakout-v5"
-    """the id of the envpool environment"""
+    """the id of the environment"""
     total_timesteps: int = 50_000_000  # 50M agent steps = 200M frames
     """the total number of agent steps of the experiment, summed over all environments"""
     num_envs: int = 32  # one actor epsilon each

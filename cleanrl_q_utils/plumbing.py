@@ -53,6 +53,8 @@ import torch
 import torch.nn as nn
 from torch.utils.tensorboard import SummaryWriter
 
+from cleanrl_q_utils import minatar
+
 # The flags a resumed run may change from the command line: how the run is carried out and logged, what happens after
 # training, and a smaller step after a NaN stop. Every other flag keeps the checkpoint's value; giving it another one
 # stops the run, by name.
@@ -98,6 +100,7 @@ LATER_FLAGS = {"eval_only", "model_path", "resume_fresh_envs"}
 VIDEO_MODULES = {
     "atari": [("moviepy", "moviepy"), ("ale_py", "ale-py"), ("cv2", "opencv-python")],
     "classic": [("moviepy", "moviepy"), ("pygame", "pygame")],
+    "minatar": [("moviepy", "moviepy")],
 }
 COUNT_FLAGS = (  # numbers of things: at least 1
     "total_timesteps num_envs num_steps num_minibatches update_epochs batch_size buffer_size seq_len n_step "
@@ -189,7 +192,7 @@ def check_evaluation_flags(args) -> None:
 
 def check_video_modules(env_id: str) -> None:
     """One line naming every missing package of --capture-video and the install command."""
-    needed = VIDEO_MODULES["atari" if env_id.endswith("-v5") else "classic"]
+    needed = VIDEO_MODULES["atari" if env_id.endswith("-v5") else "minatar" if minatar.is_minatar(env_id) else "classic"]
     missing = [package for module, package in needed if importlib.util.find_spec(module) is None]
     if missing:
         raise SystemExit(f'error: --capture-video needs {", ".join(missing)}, not installed: pip install -e ".[video]"')
@@ -197,9 +200,14 @@ def check_video_modules(env_id: str) -> None:
 
 def check_env_id(env_id: str, atari: Optional[bool] = None):
     """The envpool spec of `env_id`, after checking that envpool knows it, that its actions are discrete and, with
-    `atari` given, that it is (True) or is not (False) an Atari game of image observations."""
+    `atari` given, that it is (True) or is not (False) an Atari game of image observations. MinAtar ids (gymnasium's)
+    are for the scripts of vector observations, which give their 10x10 images a torso of their own."""
     import envpool
 
+    if minatar.is_minatar(env_id):
+        if atari:
+            flag_error("env_id", env_id, "a MinAtar game: this script needs an Atari game; its twin for vectors plays MinAtar")
+        return minatar.spec(env_id)
     if env_id not in envpool.list_all_envs():
         flag_error("env_id", env_id, "not an envpool environment id (e.g. CartPole-v1, Breakout-v5)")
     spec = envpool.make_spec(env_id)
@@ -610,8 +618,9 @@ HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a closed ter
 
 def new_run_name(args) -> str:
     """A fresh run name, whose directory under runs/ this call creates: a run started in the same second with the same
-    env, name and seed (a sweep) gets a suffix instead of sharing, and overwriting, the other's files."""
-    base = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    env, name and seed (a sweep) gets a suffix instead of sharing, and overwriting, the other's files. A namespaced
+    env id (MinAtar/Breakout-v0) is written with a dash (MinAtar-Breakout-v0): a run is one folder."""
+    base = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
     for suffix in ["", *(f"_{i}" for i in range(2, 1000))]:
         with contextlib.suppress(FileExistsError):
             make_run_dir(f"runs/{base}{suffix}")
@@ -1247,6 +1256,8 @@ def make_video_env(
     `episodic_life` is the training env's envpool flag: with it envpool presses FIRE after every lost life, without
     it only at the start of a game, so the recorded game is the one trained and scored."""
     check_video_modules(env_id)
+    if minatar.is_minatar(env_id):
+        return minatar.make_video_env(env_id, video_folder)
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # frames are drawn off-screen: no display needed (or complained of)
     if env_id.endswith("-v5"):
         import ale_py

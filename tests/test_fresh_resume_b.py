@@ -72,7 +72,7 @@ def test_r2d2_fresh_resume_trains_no_sequence_across_the_cut(name, tmp_path, mon
     batch = rb.gather(ending, "cpu")
     assert (batch["done"] & ~batch["terminated"])[torch.as_tensor(slot == k - 1)].all()  # targets stop and bootstrap
     weights = final["state"]["q_network"]
-    network = module.QNetwork(2 if module is r2d2 else args.frame_stack, len(weights["advantage.2.bias"]), args.lstm_size)
+    network = module.QNetwork((2,) if module is r2d2 else args.frame_stack, len(weights["advantage.2.bias"]), args.lstm_size)
     network.load_state_dict(weights)
     _, mask, _ = module.sequence_td_errors(network, network, batch, args.burn_in, args.seq_len, args.n_step, args.gamma)
     trained_slot = slot[args.burn_in : args.burn_in + args.seq_len]

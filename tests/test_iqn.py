@@ -91,7 +91,7 @@ def test_cosine_embedding(module):
 
 def test_quantile_network_shapes_and_modulation():
     torch.manual_seed(0)
-    net = iqn.QuantileNetwork(4, 3, embedding_dim=64, hidden_size=16)
+    net = iqn.QuantileNetwork((4,), 3, embedding_dim=64, hidden_size=16)
     x = torch.randn(5, 4)
     taus = torch.rand(5, 7)
     z = net(x, taus)

@@ -271,7 +271,7 @@ def test_radam_matches_torch_radam():
 
 def test_flatten_parameters_keeps_the_network_and_collects_its_gradients():
     torch.manual_seed(0)
-    network = pqn.QNetwork(4, 2)
+    network = pqn.QNetwork((4,), 2)
     x = torch.randn(16, 4)
     before = network(x).detach()
     expected = torch.autograd.grad(network(x).square().sum(), list(network.parameters()))

@@ -238,7 +238,7 @@ def test_the_smallest_accepted_replay_never_serves_overwritten_frames(burn_in, s
 
 def test_network_state_restarts_at_episode_start():
     torch.manual_seed(0)
-    net = r2d2.QNetwork(2, 2, 8)
+    net = r2d2.QNetwork((2,), 2, 8)
     obs, last_action, last_reward = torch.randn(5, 3, 2), torch.randint(2, (5, 3)), torch.rand(5, 3)
     is_first = torch.zeros(5, 3, dtype=torch.bool)
     is_first[2] = True
@@ -257,7 +257,7 @@ def test_burn_in_steps_get_no_gradient():
     batch["obs"] = torch.randn_like(batch["obs"]).requires_grad_()
     batch["h"], batch["c"] = torch.randn(16, 4).requires_grad_(), torch.randn(16, 4)
     torch.manual_seed(0)
-    q_network, target_network = r2d2.QNetwork(1, 2, 4), r2d2.QNetwork(1, 2, 4)
+    q_network, target_network = r2d2.QNetwork((1,), 2, 4), r2d2.QNetwork((1,), 2, 4)
     td, mask, _ = r2d2.sequence_td_errors(q_network, target_network, batch, 4, 6, 3, 0.99)
     (td**2).sum().backward()
     assert torch.count_nonzero(batch["obs"].grad[:4]) == 0
@@ -327,7 +327,7 @@ def test_priorities_of_sampled_sequences_change_after_an_update():
     ids, batch = rb.sample(8, rng, 0.6, "cpu")
     before = rb.tree.get(ids).copy()
     assert np.allclose(before, 1.0)  # new sequences enter with the max priority
-    q_network, target_network = r2d2.QNetwork(1, 2, 4), r2d2.QNetwork(1, 2, 4)
+    q_network, target_network = r2d2.QNetwork((1,), 2, 4), r2d2.QNetwork((1,), 2, 4)
     td, mask, _ = r2d2.sequence_td_errors(q_network, target_network, batch, rb.burn_in, rb.seq_len, 2, 0.99)
     priorities = r2d2.sequence_priorities(td.detach().abs(), mask, 0.9).numpy()
     rb.update_priorities(ids, priorities)

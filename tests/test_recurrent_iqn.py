@@ -149,7 +149,7 @@ def test_merged_unroll_averages_state_over_quantile_samples():
 def test_extra_lstm_inputs(module, monkeypatch):
     args = small_args(module, max_episode_steps=100)
     obs_shape = (1, 84, 84) if module is recurrent_iqn_atari else (2,)
-    net = module.QNetwork(3, args) if module is recurrent_iqn_atari else module.QNetwork(2, 3, args)
+    net = module.QNetwork(3, args) if module is recurrent_iqn_atari else module.QNetwork((2,), 3, args)
     agent = module.Agent(net, 3, args, torch.device("cpu"))
     seen = []
     unroll = module.unroll_lstm
@@ -232,7 +232,7 @@ def test_reset_step_is_never_trained_on():
     module = recurrent_iqn
     args = small_args(module, num_envs=1, seq_len=6, n_step=2, batch_size=1, buffer_size=64)
     torch.manual_seed(0)
-    net = module.QNetwork(2, 3, args)
+    net = module.QNetwork((2,), 3, args)
 
     def loss_with(action_at_5, reward_at_5, action_at_2=None):
         rb = fill_replay(module, args, 8, reset_at=(5,))  # the step after slot 4 timed out; slot 5 is the reset step
@@ -277,7 +277,7 @@ def test_the_loss_trains_the_sequence_after_the_burn_in():
     module = recurrent_iqn
     args = small_args(module, num_envs=1, seq_len=4, n_step=2, burn_in=3, batch_size=1, buffer_size=64)
     torch.manual_seed(0)
-    net = module.QNetwork(2, 3, args)
+    net = module.QNetwork((2,), 3, args)
 
     def loss_with_action(slot=None):  # the only window: burn-in slots 1-3, trained slots 4-7, tail 8-9
         rb = fill_replay(module, args, 11)
@@ -304,7 +304,7 @@ def test_sum_tree_never_samples_an_empty_leaf(monkeypatch):
 @pytest.mark.parametrize("module", MODULES)
 def test_iqn_before_lstm_modulates_the_whole_lstm_input(module, monkeypatch):
     args = small_args(module, iqn_before_lstm=True)
-    net = module.QNetwork(3, args) if module is recurrent_iqn_atari else module.QNetwork(2, 3, args)
+    net = module.QNetwork(3, args) if module is recurrent_iqn_atari else module.QNetwork((2,), 3, args)
     seen = []
     merged = module.unroll_lstm_merged
     monkeypatch.setattr(module, "unroll_lstm_merged", lambda lstm, x, *rest: seen.append(x) or merged(lstm, x, *rest))
