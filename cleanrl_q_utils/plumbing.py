@@ -585,6 +585,15 @@ def load_into(value, saved) -> None:
         value.extend(saved)
 
 
+def set_learning_rate(value, learning_rate: float) -> None:
+    """Sets the step size of `value` if it is an optimizer: torch's (every parameter group) or the flat RAdam (`lr`)."""
+    if isinstance(value, torch.optim.Optimizer):
+        for group in value.param_groups:
+            group["lr"] = learning_rate
+    elif hasattr(value, "load_state_dict") and isinstance(getattr(value, "lr", None), float):
+        value.lr = learning_rate
+
+
 def rng_states() -> dict:
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": cuda}
@@ -1050,6 +1059,10 @@ class Run:
         try:
             for key, value in state.items():
                 load_into(value, saved[key])
+            learning_rate = getattr(self.args, "learning_rate", None)
+            if learning_rate != self.checkpoint["args"].get("learning_rate", learning_rate):
+                for value in state.values():  # a restored optimizer brings back its saved step size: the given one wins
+                    set_learning_rate(value, learning_rate)
             set_rng_states(self.checkpoint["rng"])
         except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as error:
             first = str(error).splitlines()[0][:160] if str(error) else type(error).__name__

@@ -615,3 +615,27 @@ def test_a_long_replay_says_how_long_it_takes_and_shows_its_progress(monkeypatch
     )
     assert re.fullmatch(r"resume: replayed \d+/400 agent steps \(\d+%\), 00:0\d:\d\d left", lines[1]) and len(lines) > 4
     assert lines[-1].startswith("resume: replay done in 00:0")
+
+
+def test_a_learning_rate_given_on_resume_is_the_one_the_restored_optimizer_steps_with(monkeypatch):
+    from cleanrl_q_utils.flat_radam import RAdam
+
+    def make():
+        network = nn.Linear(4, 2)
+        return {"optimizer": torch.optim.Adam(network.parameters(), lr=0.5), "flat": RAdam(torch.zeros(3), lr=0.5)}
+
+    with start(Args(learning_rate=0.5)) as run:
+        path = run.save(4, make())
+    monkeypatch.setattr(sys, "argv", ["toy.py", "--resume", path, "--learning-rate", "0.01"])
+    args, checkpoint = resume(Args(resume=path, learning_rate=0.01), SCRIPT, FORMAT)
+    state = make()  # built with args.learning_rate, as a script does, then restored
+    state["optimizer"].param_groups[0]["lr"] = state["flat"].lr = 0.01
+    with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
+        resumed.restore(state)
+    assert state["optimizer"].param_groups[0]["lr"] == 0.01 and state["flat"].lr == 0.01
+    monkeypatch.setattr(sys, "argv", ["toy.py", "--resume", path])  # not given: the checkpoint's step size
+    args, checkpoint = resume(Args(resume=path), SCRIPT, FORMAT)
+    state = make()
+    with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
+        resumed.restore(state)
+    assert state["optimizer"].param_groups[0]["lr"] == 0.5 and state["flat"].lr == 0.5
