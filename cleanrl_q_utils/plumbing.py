@@ -800,7 +800,9 @@ class Run:
         self.env_seed = (args.seed + self.envs_start) % 2**31
         self.device = pick_device(args.cuda, cpu_threads)
         self.wandb_id = checkpoint["wandb_id"] if checkpoint else None
-        self.previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in HANDLED_SIGNALS}
+        # A run started with `nohup` (SIGHUP ignored) goes on when its terminal closes, as nohup promises.
+        handled = [sig for sig in HANDLED_SIGNALS if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN]
+        self.previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in handled}
         # Python runs a handler once for signals that arrive during one long C call (say, copying a large replay);
         # the wakeup pipe gets a byte for every signal, so two of them are never taken for one.
         self.wakeup, wakeup_write = os.pipe()

@@ -6,13 +6,18 @@ these handlers with its own while a run lives and puts them back after it. Impor
 a script), it does nothing.
 """
 
+import os
 import signal
 import sys
 
 
 def exit_on_signal(signum, frame):
+    # The process ends here, not by raising SystemExit: raised inside a library's import that C++ called back into
+    # (torch's), it aborts the process (std::terminate), and some library code swallows it, so the run would go on.
+    # Before `plumbing.Run` takes the signals over, nothing of the run is written: there is nothing to clean up.
     print(f"exiting on {signal.Signals(signum).name}", flush=True)
-    raise SystemExit(128 + signum)
+    sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 def imported_by_main_program() -> bool:
@@ -24,4 +29,5 @@ def imported_by_main_program() -> bool:
 
 if imported_by_main_program():
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, exit_on_signal)
+        if signum != signal.SIGHUP or signal.getsignal(signum) != signal.SIG_IGN:  # `nohup`: a closed terminal is ignored
+            signal.signal(signum, exit_on_signal)

@@ -64,6 +64,25 @@ def test_a_signal_while_the_libraries_load_exits_quietly(tmp_path, signum):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_signal_while_the_libraries_load_ends_the_process_even_inside_code_that_catches_everything(tmp_path):
+    # Library code that swallows every exception (or C++ that a raised SystemExit would abort) must not keep a run
+    # going that was asked to stop while it loaded.
+    process = run_child(
+        """
+        import cleanrl_q_utils.quiet_start
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except BaseException:
+            pass
+        print("went on", flush=True)
+        """,
+        tmp_path,
+    )
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM and "went on" not in out and "Traceback" not in err, (out, err)
+    assert out.strip() == "exiting on SIGTERM"
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_during_training_stops_after_the_step_with_a_checkpoint(tmp_path, signum):
     process = run_child(
@@ -84,6 +103,27 @@ def test_a_signal_during_training_stops_after_the_step_with_a_checkpoint(tmp_pat
     assert "stopping after this step, with a checkpoint" in out and "continue the run with" in out
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert read_checkpoint(run_dir / "checkpoint.pt")["state"]["step"] == 3
+
+
+def test_a_run_started_with_nohup_goes_on_through_a_hangup(tmp_path):
+    process = run_child(
+        """
+        import cleanrl_q_utils.quiet_start
+        def main(args):
+            with plumbing.Run(args, None, SCRIPT, 7) as run:
+                for step in range(1, 10):
+                    if step == 3:
+                        signal.raise_signal(signal.SIGHUP)
+                    if run.checkpoint_or_stop(step, 1, step == 9, lambda: {"step": step}):
+                        break
+            print("ran to step", step)
+        plumbing.cli(main, Args)
+        """,
+        tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # what nohup does
+    )
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0 and "ran to step 9" in out and "SIGHUP" not in out, (out, err)
 
 
 def test_a_signal_after_training_exits_at_once_and_says_so_with_the_final_checkpoint_kept(tmp_path):
