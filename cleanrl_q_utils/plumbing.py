@@ -183,7 +183,7 @@ def check_evaluation_flags(args) -> None:
     if args.eval_only and args.resume is not None:
         flag_error("resume", args.resume, "cannot be combined with --eval-only")
     if args.model_path is not None and not os.path.isfile(args.model_path):
-        flag_error("model_path", args.model_path, "no such file")
+        flag_error("model_path", args.model_path, "not a file" if os.path.exists(args.model_path) else "no such file")
     if args.capture_video:
         check_video_modules(args.env_id)
         if not (args.save_model or args.eval_only):
@@ -415,7 +415,7 @@ def resume(given, script: str, checkpoint_format: int):
     if given.resume is None:
         return given, None
     if not os.path.isfile(given.resume):
-        flag_error("resume", given.resume, "no such file")
+        flag_error("resume", given.resume, "not a file" if os.path.exists(given.resume) else "no such file")
     checkpoint, names = read_checkpoint(given.resume, "resume"), {field.name for field in fields(given)}
     if isinstance(checkpoint, dict) and checkpoint.get("kind") == MODEL_FILE:
         flag_error("resume", given.resume, "a model file (--save-model), not a checkpoint: evaluate it with --eval-only")
@@ -476,9 +476,17 @@ def read_checkpoint(path: str, flag: str = "resume") -> dict:
     plain values (numbers, strings, lists, tuples, dicts), and numpy arrays are stored as tensors of their bytes (see
     `to_safe`). A file holding anything else, a pickled object that could run code included, is refused in one line."""
     try:
-        return from_safe(torch.load(path, map_location="cpu", weights_only=True))
+        return from_safe(load_safely(path, "cpu"))
     except Exception as error:
         flag_error(flag, path, f"not a readable checkpoint ({unreadable_reason(error)})")
+
+
+def load_safely(path: str, map_location, **kwargs):
+    """`torch.load(weights_only=True)` without torch's warnings (on a file's pickle protocol, say): a file it refuses
+    is then said in one line."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.load(path, map_location=map_location, weights_only=True, **kwargs)
 
 
 NUMPY_MARK = "numpy array"  # to_safe's form of a numpy array or scalar: {NUMPY_MARK: dtype, "shape": ..., "bytes": ...}
@@ -677,7 +685,7 @@ def check_newer_checkpoint(path: str, resume_path: str, checkpoint: dict) -> Non
     if not os.path.exists(path) or os.path.samefile(path, resume_path):
         return
     try:  # mmap: only the few plain values are read, not the tensors
-        present = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        present = load_safely(path, "cpu", mmap=True)
         present_step = present["global_step"] if present["run_name"] == checkpoint["run_name"] else None
     except Exception:
         present_step = None
@@ -1195,7 +1203,7 @@ def read_model_file(path: str, device="cpu") -> dict:
     """The contents of a model file, loaded without running code (`weights_only=True`: tensors and plain values only);
     a file of bare weights (written before flags were saved) reads as {"model": ...}."""
     try:
-        saved = torch.load(path, map_location=device, weights_only=True)
+        saved = load_safely(path, device)
     except Exception as error:
         flag_error("model_path", path, f"not a readable model file ({unreadable_reason(error)})")
     if isinstance(saved, dict) and {"format", "digest", "state"} <= set(saved):

@@ -283,25 +283,37 @@ class RunsCode:
         return (open, (self.marker, "w"))
 
 
-@pytest.mark.parametrize("where", ["top", "state", "model"])
+@pytest.mark.parametrize("where", ["top", "state", "model", "bare pickle"])
 def test_a_file_whose_unpickling_would_run_code_is_refused_without_running_it(tmp_path, where):
+    import pickle
+    import warnings
+
     from cleanrl_q_utils.plumbing import read_model_file
 
     marker, path = tmp_path / "ran", str(tmp_path / "evil.pt")
     with start(Args(checkpoint_every=1)) as run:
         good = read_checkpoint(run.save(1, {"x": 1}))
     content = {"top": RunsCode(str(marker)), "state": dict(good, state={"x": RunsCode(str(marker))})}.get(where)
-    torch.save(content if where != "model" else {"kind": "cleanrl-q model", "model": RunsCode(str(marker))}, path)
-    with pytest.raises(
-        SystemExit,
-        match=r"^error: --(resume|model-path)=.*evil.pt: not a readable (checkpoint|model file) \(it holds Python objects",
+    if where == "bare pickle":  # not torch's zip format, and a pickle protocol torch warns about
+        with open(path, "wb") as file:
+            pickle.dump(RunsCode(str(marker)), file, protocol=4)
+    else:
+        torch.save(content if where != "model" else {"kind": "cleanrl-q model", "model": RunsCode(str(marker))}, path)
+    with (
+        warnings.catch_warnings(record=True) as warned,
+        pytest.raises(
+            SystemExit,
+            match=r"^error: --(resume|model-path)=.*evil.pt: not a readable (checkpoint|model file) \(it holds Python ",
+        ),
     ):
+        warnings.simplefilter("always")
         if where == "model":
             read_model_file(path)
         else:
             resume(Args(resume=path), SCRIPT, FORMAT)
-    assert not marker.exists()
-    torch.load(path, weights_only=False)  # the file is not harmless: read unsafely, it runs code
+    assert not marker.exists() and [str(warning.message) for warning in warned] == []  # the one line only
+    with open(path, "rb") as file:  # the file is not harmless: read unsafely, it runs code
+        pickle.load(file) if where == "bare pickle" else torch.load(file, weights_only=False)
     assert marker.exists()
 
 
@@ -387,6 +399,9 @@ def test_resume_stops_with_one_clear_line_on_a_foreign_or_broken_checkpoint(scri
         resume(Args(resume=path), script, fmt)
     with pytest.raises(SystemExit, match="--resume=nowhere.pt: no such file"):
         resume(Args(resume="nowhere.pt"), SCRIPT, FORMAT)
+    os.makedirs("a_folder")
+    with pytest.raises(SystemExit, match="--resume=a_folder: not a file"):
+        resume(Args(resume="a_folder"), SCRIPT, FORMAT)
 
 
 def test_check_flags_names_the_first_bad_flag():
