@@ -43,9 +43,9 @@ BACKENDS = ("local", "ray", "slurm")
 EXTRA = {"ray": "ray", "slurm": "submitit"}
 DEFAULT_OUTPUT_DIR = "cluster-runs"  # of the ray and slurm backends; the local backend runs in the current directory
 FRESH_RESUME = "--resume-fresh-envs"  # how the cluster backends resume: new games, at a cost independent of the step
-# A run stopped by SIGINT or SIGTERM (after writing its checkpoint) exits with 128 + the signal's number; one killed
-# by it before the script could answer has the negative number. Either way it was asked to stop: no retry.
-STOP_CODES = {128 + signal.SIGINT, 128 + signal.SIGTERM, -signal.SIGINT, -signal.SIGTERM}
+# A run stopped by SIGINT, SIGTERM or SIGHUP (after writing its checkpoint) exits with 128 + the signal's number; one
+# killed by it before the script could answer has the negative number. Either way it was asked to stop: no retry.
+STOP_CODES = {code for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) for code in (128 + sig, -sig)}
 RETURN_TAG, LAST_EPISODES = "charts/episodic_return", 100
 # Slurm: how often one run may be cut by --time and requeued (submitit's max_num_timeout); each piece resumes.
 MAX_TIMEOUTS = 100

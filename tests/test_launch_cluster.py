@@ -288,6 +288,14 @@ def test_a_run_that_keeps_failing_fails_the_launch(tmp_path):
     assert "0/1 runs succeeded, 1 failed" in result.stdout
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_run_stopped_by_a_signal_is_not_retried(tmp_path, signum):
+    args = ["--output-dir", str(tmp_path), "--max-retries", "2", "--env-ids", "E", "--seeds", "1"]
+    result = launcher(*args, "--", sys.executable, "-c", f"import sys; print('attempt'); sys.exit({128 + signum})")
+    assert result.returncode == 1 and result.stdout.count("attempt\n") == 1
+    assert summary(result.stdout) == {("E", "1"): (f"stopped (exit {128 + signum})", "-")}
+
+
 def test_benchmark_scripts_pass_launcher_args_to_every_launch():
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])  # `python` is this one
     env = {**os.environ, "PATH": path, "LAUNCHER_ARGS": "--dry-run --output-dir /cluster/out", "TRACK": "1", "ATARI": "1"}
