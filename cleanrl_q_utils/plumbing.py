@@ -92,6 +92,9 @@ FLAG_RANGES = {
 # envpool builds gymnasium Box spaces from float64 bounds; gymnasium then warns on every classic-control run that it
 # casts them to the float32 dtype the observations have, which is what we want.
 warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32")
+# A signal during the recorded evaluation ends the run with one line of its own; gymnasium's recorder, collected on the
+# way out, would add that it could not save the episode it was recording.
+warnings.filterwarnings("ignore", message=".*Unable to save last video")
 # The flags an --eval-only run takes from the command line; every other flag comes from the saved model file.
 EVALUATION_FLAGS = ("eval_only", "model_path", "eval_episodes", "eval_epsilon", "capture_video", "seed", "cuda")
 # Flags added after the first checkpoints were written: a checkpoint without them resumes with their defaults.

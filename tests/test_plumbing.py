@@ -654,3 +654,15 @@ def test_a_learning_rate_given_on_resume_is_the_one_the_restored_optimizer_steps
     with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
         resumed.restore(state)
     assert state["optimizer"].param_groups[0]["lr"] == 0.5 and state["flat"].lr == 0.5
+
+
+def test_gymnasium_saying_a_stopped_recording_was_not_saved_is_silenced():
+    # In a child process: pytest's own warning filters (pyproject.toml) would hide the warning anyway.
+    code = (
+        "import warnings, cleanrl_q_utils.plumbing\n"  # what gymnasium's RecordVideo warns when collected unclosed
+        "warnings.warn('\\x1b[33mWARN: Unable to save last video! Did you call close()?\\x1b[0m', UserWarning)\n"
+        "warnings.warn('another warning', UserWarning)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
+    assert done.returncode == 0 and "another warning" in done.stderr and "video" not in done.stderr, done.stderr
