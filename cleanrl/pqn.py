@@ -145,7 +145,7 @@ class QNetwork(nn.Module):
             height, width, channels = obs_shape
             torso = [layer_init(nn.Conv2d(channels, 16, 3)), nn.LayerNorm([16, height - 2, width - 2]), nn.ReLU()]
             torso += [nn.Flatten(), layer_init(nn.Linear(16 * (height - 2) * (width - 2), 128)), nn.LayerNorm(128)]
-            self.torso_name = f"convolutional (16 filters 3x3, 128 units) for {height}x{width}x{channels} images"
+            self.torso_name = f"convolutional (16 filters 3x3, 128 units) for {height}x{width}x{channels} grids"
             hidden = 128
         else:
             torso = [layer_init(nn.Linear(int(np.prod(obs_shape)), 120)), nn.LayerNorm(120), nn.ReLU()]
