@@ -1,11 +1,12 @@
 # The switches and the plan shared by every benchmark/<algo>.sh (sourced, not run). Each script lists its sweeps with
-# `classic` and `atari`, then calls `run_sweeps`, which prints what will run (runs and an estimated time) and runs it.
+# `classic`, `minatar` and `atari`, then calls `run_sweeps`, which prints what will run (runs and an estimated time)
+# and runs it.
 #
 # Switches (environment variables), the same in every script:
 #   WORKERS=2            local backend: runs at a time (the Atari sweeps use ATARI_WORKERS, default 1: one GPU)
 #   TRACK=0              1: also log to W&B (project cleanrl-q, group: the script's name); 0: TensorBoard logs only
 #   ATARI=0              1: also run the Atari sweeps (a GPU and several GB of RAM per run)
-#   SEEDS="1 2 3"        seeds of every classic-control sweep (default: the seeds of the docs' tables)
+#   SEEDS="1 2 3"        seeds of every classic-control and MinAtar sweep (default: the seeds of the docs' tables)
 #   ATARI_SEEDS="1 2 3"  seeds of every Atari sweep (default: the script's)
 #   ATARI_STEPS=N        agent steps of every Atari run (default: the script's)
 #   LAUNCHER_ARGS        added to every launch.py call, e.g. "--backend ray --ray-address auto" (docs/cluster.md)
@@ -87,6 +88,14 @@ classic() {
     local minutes=$1 env_ids=$2 seeds=${SEEDS:-$3}
     shift 3
     add_sweep classic "$minutes" "$WORKERS" "$env_ids" "$seeds" "" "$@"
+}
+
+# minatar MINUTES_PER_RUN "ENV_IDS" "DEFAULT_SEEDS" command...: a MinAtar sweep, on the CPU like classic control (SEEDS
+# replaces the seeds; the minatar extra)
+minatar() {
+    local minutes=$1 env_ids=$2 seeds=${SEEDS:-$3}
+    shift 3
+    add_sweep minatar "$minutes" "$WORKERS" "$env_ids" "$seeds" "" "$@"
 }
 
 # atari SPS DEFAULT_STEPS "ENV_IDS" "DEFAULT_SEEDS" command...: an Atari sweep, only with ATARI=1; SPS (agent steps per

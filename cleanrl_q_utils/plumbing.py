@@ -416,6 +416,8 @@ def resume(given, script: str, checkpoint_format: int):
     checkpoint's value. What changed is listed in the start-up block (`checkpoint["changed"]`). `script` is the
     script's path (`__file__`); a checkpoint of another script or format, or whose contents changed, stops the run."""
     if given.resume is None:
+        if given.resume_fresh_envs:
+            flag_error("resume_fresh_envs", True, "only with --resume PATH (how to rebuild a resumed run's games)")
         return given, None
     if not os.path.isfile(given.resume):
         flag_error("resume", given.resume, "not a file" if os.path.exists(given.resume) else "no such file")

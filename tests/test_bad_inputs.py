@@ -74,6 +74,15 @@ def test_a_bad_flag_is_refused_in_one_line_before_anything_is_built(module, flag
 
 
 @pytest.mark.parametrize("module", SCRIPTS, ids=lambda module: module.__name__.split(".")[-1])
+def test_fresh_envs_without_a_resume_are_refused_in_one_line(module, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(plumbing, "Run", lambda *args, **kwargs: pytest.fail("a run would start"))
+    with pytest.raises(SystemExit, match=r"^error: --resume-fresh-envs=True: only with --resume PATH"):
+        module.main(module.Args(resume_fresh_envs=True))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("module", SCRIPTS, ids=lambda module: module.__name__.split(".")[-1])
 def test_track_without_a_weights_and_biases_login_is_refused_before_the_run_folder(module, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("WANDB_MODE", raising=False)

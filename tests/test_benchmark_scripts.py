@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SWEEP_SCRIPTS = ["pqn", "iqn", "r2d2", "recurrent_iqn", "dqn_dueling_per", "sb3"]
+SWEEP_SCRIPTS = ["pqn", "iqn", "r2d2", "recurrent_iqn", "dqn_dueling_per", "sb3", "minatar"]
 WITH_ATARI = {"pqn": 30, "iqn": 15, "r2d2": 6, "recurrent_iqn": 57}  # Atari runs each adds with ATARI=1
 
 

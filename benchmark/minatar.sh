@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Reproduces the MinAtar tables of docs/minatar.md and the algorithm pages: the five vector scripts on MinAtar's games
+# with their MinAtar configurations (each script's MINATAR_DEFAULTS), and SB3's DQN and sb3-contrib's QR-DQN with
+# Young & Tian's DQN settings and the same torso (benchmark/sb3_baselines.py). Needs the minatar extra (and sb3 for
+# the baselines). The switches (WORKERS, TRACK, SEEDS, LAUNCHER_ARGS, DRY_RUN, ...) are described in
+# benchmark/sweep.bash; it has no Atari sweep. SEEDS replaces every sweep's seeds.
+#     WORKERS=2 bash benchmark/minatar.sh
+set -euo pipefail
+source "$(dirname "$0")/sweep.bash"
+GAMES="MinAtar/Asterix-v0 MinAtar/Breakout-v0 MinAtar/Freeway-v0 MinAtar/Seaquest-v0 MinAtar/SpaceInvaders-v0"
+
+# Minutes a run: measured on a 2-core CPU with two runs side by side (docs/minatar.md), the mean over the games.
+# --save-model adds the greedy evaluation after training.
+minatar 30 "$GAMES" "1 2 3" python cleanrl/pqn.py --save-model
+minatar 75 "$GAMES" "1" python cleanrl/dqn_dueling_per.py --save-model
+minatar 75 "$GAMES" "1" python cleanrl/iqn.py --save-model
+minatar 60 "MinAtar/Breakout-v0 MinAtar/SpaceInvaders-v0" "1" python cleanrl/r2d2.py --save-model
+minatar 60 "MinAtar/Breakout-v0 MinAtar/SpaceInvaders-v0" "1" python cleanrl/recurrent_iqn.py --save-model
+minatar 300 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo dqn
+minatar 300 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo qrdqn
+
+after python benchmark/report.py --runs-dir runs --env-ids $GAMES --name minatar \
+    --exp-names pqn dqn_dueling_per iqn r2d2 recurrent_iqn sb3_dqn sb3_qrdqn
+
+run_sweeps
