@@ -85,3 +85,16 @@ def test_rl_zoo_budgets_are_the_default_and_bad_flags_stop_in_one_line(capsys):
             sb3_baselines.parse_args(argv)
         assert stop.value.code == 2
     assert "--total-timesteps=0: must be > 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("algo", ["dqn", "qrdqn"])
+def test_minatar_runs_use_the_scripts_torso_and_log_like_them(algo, tmp_path):
+    pytest.importorskip("minatar")
+    run_dir = train(tmp_path, algo, "MinAtar/Breakout-v0", 6_000)  # learning from step 5,000, as Young & Tian
+    assert Path(run_dir).name.startswith("MinAtar-Breakout-v0__sb3_")
+    steps, returns = scalars(run_dir, "charts/episodic_return")
+    assert len(returns) >= 20 and np.all(returns >= 0)  # a brick pays 1; random play scores about 0.5 a game
+    run = report.load_runs([tmp_path])[0]
+    assert (run.env_id, run.exp_name) == ("MinAtar/Breakout-v0", f"sb3_{algo}")
+    kwargs = sb3_baselines.HYPERPARAMS[(algo, "MinAtar/Breakout-v0")]["policy_kwargs"]
+    assert kwargs["features_extractor_class"] is sb3_baselines.MinAtarTorso and kwargs["net_arch"] == [128]
