@@ -51,7 +51,7 @@ class Args:
     model_path: Optional[str] = None
     """a model file written by --save-model, for --eval-only"""
 
-    env_id: str = "CartPole-v1"  # MinAtar games too: MinAtar/Breakout-v0 (the `minatar` extra)
+    env_id: str = "CartPole-v1"  # classic control, or MinAtar (MinAtar/Breakout-v0)
     """the id of the environment"""
     total_timesteps: int = 499_712
     """the total number of agent steps of the experiment, summed over all environments"""

@@ -64,7 +64,9 @@ def test_every_script_has_a_table_on_an_algorithm_page():
 
 def test_every_algorithm_flag_of_the_scripts_is_a_row():
     table = hyperparameters.expand("<!-- hyperparameters: iqn.py iqn_atari.py -->", "rl-algorithms/iqn.md")
-    assert table.startswith("| Flag | `iqn.py` | `iqn_atari.py` | Description |\n|---|---|---|---|\n")
+    assert table.startswith(
+        "| Flag | `iqn.py` | `iqn.py` on MinAtar | `iqn_atari.py` | Description |\n|---|---|---|---|---|\n"
+    )
     rows = [line.split(" | ")[0][2:] for line in table.splitlines() if line.startswith("| `--")]
     fields = [hyperparameters.read_args(REPO / "cleanrl" / script) for script in ("iqn.py", "iqn_atari.py")]
     flags = dict.fromkeys(
@@ -72,6 +74,21 @@ def test_every_algorithm_flag_of_the_scripts_is_a_row():
     )
     assert rows == list(flags)
     assert "`--checkpoint-every`" not in rows and "`--checkpoint-every`" in table  # named once, under the table
+
+
+@pytest.mark.parametrize("script", ["pqn.py", "dqn_dueling_per.py", "iqn.py", "r2d2.py", "recurrent_iqn.py"])
+def test_the_minatar_column_is_the_configuration_a_minatar_id_brings(script):
+    """The table's MinAtar column against the imported script: the flags `MINATAR_DEFAULTS` sets in bold, with their
+    values, and every other flag at its default."""
+    module = importlib.import_module(f"cleanrl.{script[: -len('.py')]}")
+    read = hyperparameters.read_minatar_defaults(REPO / "cleanrl" / script)
+    assert {name: eval(value, {"__builtins__": {}}) for name, value in read.items()} == module.MINATAR_DEFAULTS
+    table = hyperparameters.hyperparameter_table([script])
+    for line in table.splitlines()[2:]:
+        if line.startswith("| `--"):
+            flag, default, on_minatar = line.split(" | ")[:3]
+            name = flag.removeprefix("| `--").removesuffix("`").replace("-", "_")
+            assert on_minatar == (f"**`{read[name]}`**" if name in read else default), line
 
 
 TWO_SCRIPTS = {

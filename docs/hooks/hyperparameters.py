@@ -98,6 +98,16 @@ def read_args(script: Path) -> list[Field]:
     return fields
 
 
+def read_minatar_defaults(script: Path) -> dict[str, str] | None:
+    """The flags a MinAtar id sets in `script` (its module-level `MINATAR_DEFAULTS = dict(...)`), as the table shows
+    them; None for a script without one."""
+    source = script.read_text()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MINATAR_DEFAULTS" for t in node.targets):
+            return {keyword.arg: show_default(source, keyword.value) for keyword in node.value.keywords}
+    return None
+
+
 def cell(text: str) -> str:
     """Text safe inside a markdown table cell."""
     return text.replace("|", "\\|")
@@ -137,11 +147,14 @@ def hyperparameter_table(
 
     Rows follow the first script's order, then flags only later scripts have. When the scripts describe a flag
     differently, each description is given after the names of the scripts that use it; a script's remark (the
-    comment on the field's line) likewise, after the description.
+    comment on the field's line) likewise, after the description. A script with a MinAtar configuration gets a
+    second column, its flags with a MinAtar id: the values that id sets in bold, the others as the defaults.
     """
     by_script = {name: {field.name: field for field in read_args(scripts_dir / name)} for name in scripts}
+    minatar = {name: read_minatar_defaults(scripts_dir / name) for name in scripts}
     names = list(dict.fromkeys(name for fields in by_script.values() for name in fields))
-    header = ["Flag", *(f"`{script}`" for script in scripts), "Description"]
+    columns = [(script, kind) for script in scripts for kind in ("default", "minatar") if kind == "default" or minatar[script]]
+    header = ["Flag", *(f"`{s}`" if kind == "default" else f"`{s}` on MinAtar" for s, kind in columns), "Description"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for name in names:
         if is_run_flag(name):
@@ -160,7 +173,15 @@ def hyperparameter_table(
         else:
             notes = [", ".join(f"`{script}`" for script in named) + f": ({note})" for note, named in scripts_by_note.items()]
             description = "<br>".join(cell(line) for line in describe(scripts_by_doc) + notes)
-        defaults = [code(field.default) if field else "-" for field in fields.values()]
+        defaults = []
+        for script, kind in columns:
+            field, overrides = fields[script], minatar[script] or {}
+            if field is None:
+                defaults.append("-")
+            elif kind == "minatar" and name in overrides:
+                defaults.append(f"**{code(overrides[name])}**")
+            else:
+                defaults.append(code(field.default))
         flag = next(field.flag for field in fields.values() if field is not None)
         lines.append("| " + " | ".join([f"`{flag}`", *defaults, description]) + " |")
     run_flags = [name for name in names if is_run_flag(name)]
@@ -170,6 +191,12 @@ def hyperparameter_table(
         + f" (naming, device, logging, checkpoints and evaluating a saved model: see [Basic usage]({usage_link})). "
         + "Boolean flags also have a `--no-` form. The table is generated from the scripts' `Args` when the site "
         + "is built; `python cleanrl/<script>.py --help` prints the same."
+        + (
+            " A MinAtar id (`--env-id MinAtar/Breakout-v0`) brings the configuration of the MinAtar column; flags given "
+            + "on the command line win."
+            if any(minatar.values())
+            else ""
+        )
     )
     return "\n".join(lines) + "\n\n" + note
 
