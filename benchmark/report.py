@@ -311,7 +311,10 @@ def load_human_random_scores(path: Path = HUMAN_RANDOM_CSV) -> dict[str, tuple[f
 
 
 def atari_game_name(env_id: str) -> str:
-    """envpool id -> snake_case game name of the score table: `MsPacman-v5` -> `ms_pacman`."""
+    """envpool id -> snake_case game name of the score table: `MsPacman-v5` -> `ms_pacman`. MinAtar's games share
+    Atari's names but not its scores: their ids name no game of the table."""
+    if env_id.startswith("MinAtar/"):
+        return ""
     base = re.sub(r"-v\d+$", "", env_id.split("/")[-1])
     return re.sub(r"(?<!^)(?=[A-Z])", "_", base).lower()
 

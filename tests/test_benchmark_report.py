@@ -149,6 +149,8 @@ def test_atari_game_names_match_the_score_table():
         assert report.atari_game_name(env_id) == game
         assert game in table
     assert report.atari_game_name("CartPole-v1") not in table
+    # MinAtar's Breakout is not Atari's: its scores are not normalized by Atari's human and random ones.
+    assert all(report.atari_game_name(f"MinAtar/{game}-v0") not in table for game in ("Breakout", "SpaceInvaders"))
 
 
 def test_human_normalized_scores_and_aggregates(runs_dir):
