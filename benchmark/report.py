@@ -91,6 +91,8 @@ class Group:
     """per seed: wall-clock minutes"""
     final_steps: np.ndarray
     """per seed: env step of the last logged episode"""
+    eval_means: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """per seed: mean score of the evaluation episodes played after training (NaN for a run without any)"""
 
     @property
     def mean(self) -> float:
@@ -259,6 +261,7 @@ def group_runs(runs: list[Run], last_episodes: int = 100) -> dict[tuple[str, str
             final_scores=np.array([final_score(run.returns, last_episodes) for run in members]),
             runtimes_min=np.array([run.runtime_s / 60 for run in members]),
             final_steps=final_steps,
+            eval_means=np.array([run.eval_returns.mean() if len(run.eval_returns) else np.nan for run in members]),
         )
     return groups
 
@@ -291,11 +294,26 @@ def performance_markdown(groups: dict, exp_names: list[str], env_ids: list[str],
         ]
         for env_id in env_ids
     ]
+
+    def evaluation(group: Group) -> str:
+        evaluated = group.eval_means[~np.isnan(group.eval_means)]
+        if not len(evaluated):
+            return "-"
+        missing = f" ({len(evaluated)} of {len(group.seeds)} seeds)" if len(evaluated) < len(group.seeds) else ""
+        return f"{evaluated.mean():.2f} ± {evaluated.std():.2f}{missing}"
+
+    evaluations = [[env_id, *(cell(e, env_id, evaluation) for e in exp_names)] for env_id in env_ids]
+    evaluated = any(np.any(~np.isnan(group.eval_means)) for group in groups.values())
+    evaluation_section = [
+        "Evaluation after training (`--save-model`): mean ± std over seeds of each run's mean evaluation score.",
+        markdown_table(header, evaluations),
+    ]
     return "\n\n".join(
         [
             f"Episodic return: mean ± std over seeds of each run's last-{last_episodes}-episode mean "
             "(true game score of training episodes; std with ddof=0).",
             markdown_table(header, returns),
+            *(evaluation_section if evaluated else []),
             "Wall-clock runtime in minutes, mean over seeds (first to last event of each run).",
             markdown_table(header, runtimes),
             "Seeds (ids) and env steps of the last logged episode, per cell.",

@@ -207,6 +207,9 @@ def test_report_cli_writes_markdown_and_plot(runs_dir, tmp_path):
     assert report.main(argv) == 0
     markdown = (out / "pqn.md").read_text()
     assert "| CartPole-v1 | 204.50 ± 81.65 | - |" in markdown
+    # The evaluation after training: every CartPole seed played 3 episodes of 7; the Atari runs played none.
+    assert "Evaluation after training" in markdown and "| CartPole-v1 | 7.00 ± 0.00 | - |" in markdown
+    assert "| Breakout-v5 | - | - |" in markdown.split("Evaluation after training")[1].split("Wall-clock")[0]
     assert "**IQM** (95% CI)" in markdown
     png = (out / "pqn_curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
