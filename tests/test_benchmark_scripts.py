@@ -24,7 +24,7 @@ def bash(command: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_every_benchmark_script_is_listed():
     scripts = sorted(path.stem for path in (REPO / "benchmark").glob("*.sh"))
-    assert scripts == sorted([*SWEEP_SCRIPTS, "atari_speed"])
+    assert scripts == sorted([*SWEEP_SCRIPTS, "atari_speed", "minatar_speed"])
 
 
 @pytest.mark.parametrize("script", SWEEP_SCRIPTS)
@@ -77,7 +77,7 @@ def test_the_docs_benchmark_commands_run_as_written(command, tmp_path):
     --output-dir even then, so the cluster examples' shared folder becomes a temporary one."""
     result = bash(f"DRY_RUN=1 {command.replace('/shared/', f'{tmp_path}/')}")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert re.search(r"\.sh: \d+ runs .*estimated time about|atari_speed\.sh: \d+ runs", result.stdout), result.stdout
+    assert re.search(r"\.sh: \d+ runs .*estimated time about|(atari|minatar)_speed\.sh: \d+ runs", result.stdout), result.stdout
     if "ATARI_LAUNCHER_ARGS" in command:  # a cluster example: its point is the Atari sweep
         assert "-v5 --seed" in result.stdout and "Atari sweeps left out" not in result.stdout
 
