@@ -77,7 +77,9 @@ def test_the_docs_benchmark_commands_run_as_written(command, tmp_path):
     --output-dir even then, so the cluster examples' shared folder becomes a temporary one."""
     result = bash(f"DRY_RUN=1 {command.replace('/shared/', f'{tmp_path}/')}")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert re.search(r"\.sh: \d+ runs .*estimated time about|(atari|minatar)_speed\.sh: \d+ runs", result.stdout), result.stdout
+    assert re.search(r"\.sh: \d+ runs .*estimated time about|(atari|minatar)_speed\.sh: \d+ runs", result.stdout), (
+        result.stdout
+    )
     if "ATARI_LAUNCHER_ARGS" in command:  # a cluster example: its point is the Atari sweep
         assert "-v5 --seed" in result.stdout and "Atari sweeps left out" not in result.stdout
 

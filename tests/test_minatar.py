@@ -55,7 +55,7 @@ def test_a_minatar_id_brings_its_configuration_and_given_flags_win(monkeypatch, 
     args = minatar.with_defaults(given, pqn.MINATAR_DEFAULTS)
     assert args.update_epochs == 3  # given: wins
     assert (
-        args.num_envs == pqn.MINATAR_DEFAULTS["num_envs"] and args.total_timesteps == pqn.MINATAR_DEFAULTS["total_timesteps"]
+        args.num_steps == pqn.MINATAR_DEFAULTS["num_steps"] and args.total_timesteps == pqn.MINATAR_DEFAULTS["total_timesteps"]
     )
     assert "MinAtar configuration: " in capsys.readouterr().out
     # Given with the value that is also the script's default: still given, still wins.
