@@ -107,8 +107,9 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# The configuration a MinAtar id runs with (flags given on the command line win), chosen in docs/rl-algorithms/
-# dqn_dueling_per.md. Young & Tian's replay ratio, one batch of 32 per agent step, as one batch of 256 every 8 steps.
+# The configuration a MinAtar id runs with (flags given on the command line win). Provisional, from Young & Tian's
+# DQN and not yet tuned by a sweep (docs/rl-algorithms/dqn_dueling_per.md): their budget, exploration and replay
+# ratio (a batch of 32 per agent step, here a batch of 256 every 8 steps), a target copy every 1,000 updates.
 MINATAR_DEFAULTS = dict(
     total_timesteps=5_000_000,
     learning_rate=2.5e-4,

@@ -108,8 +108,9 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# The configuration a MinAtar id runs with (flags given on the command line win), chosen in docs/rl-algorithms/iqn.md.
-# Young & Tian's budget, replay size and exploration; an update of batch 32 every 4 steps, as Revisiting Rainbow.
+# The configuration a MinAtar id runs with (flags given on the command line win). Provisional, not yet tuned by a
+# sweep (docs/rl-algorithms/iqn.md): Young & Tian's budget, replay size and exploration, and Revisiting Rainbow's
+# update of a batch of 32 every 4 steps.
 MINATAR_DEFAULTS = dict(
     total_timesteps=5_000_000,
     num_envs=4,

@@ -119,7 +119,8 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# The configuration a MinAtar id runs with (flags given on the command line win), chosen in docs/rl-algorithms/r2d2.md.
+# The configuration a MinAtar id runs with (flags given on the command line win). Provisional, not yet tuned by a
+# sweep (docs/rl-algorithms/r2d2.md): a budget a CPU runs in about an hour, sequences of 20 trained steps.
 MINATAR_DEFAULTS = dict(
     total_timesteps=2_000_000,
     buffer_size=200_000,

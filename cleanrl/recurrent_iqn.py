@@ -143,8 +143,9 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# The configuration a MinAtar id runs with (flags given on the command line win), chosen in
-# docs/rl-algorithms/recurrent_iqn.md. MinAtar has no step cap of its own: 27,000 steps, Atari's, caps a game here.
+# The configuration a MinAtar id runs with (flags given on the command line win). Provisional, not yet tuned by a
+# sweep (docs/rl-algorithms/recurrent_iqn.md). MinAtar has no step cap of its own: 27,000 steps, Atari's, caps a
+# game here (and scales the timestep input).
 MINATAR_DEFAULTS = dict(
     total_timesteps=2_000_000,
     mask_velocity=False,  # the CartPole memory task, on by default
