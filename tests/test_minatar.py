@@ -150,7 +150,7 @@ def test_the_report_reads_minatar_run_folders():
 # pqn.py's MinAtar configuration cut to 409,600 steps (100 rollouts; about 80 s on an idle 2-core CPU), MinAtar
 # Breakout, last-100 training mean. Measured on a 2-core AMD EPYC CPU (PyTorch 2.13, one thread per run, another run
 # beside it), seeds 1-8: 8.61, 9.94, 9.69, 7.68, 6.75, 6.48, 7.87, 8.19. With learning disabled (--learning-rate 1e-12)
-# seeds 1 and 2 end at 0.03 and 0.0x; random play scores about 0.5 (REFERENCES), Young & Tian's DQN about 10 after 5M.
+# seeds 1 and 2 end at 0.03 and 0.48; random play scores about 0.5, Young & Tian's DQN about 10 after 5M steps.
 @pytest.mark.learning
 def test_pqn_learns_minatar_breakout(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
