@@ -403,7 +403,8 @@ class Progress:
         if self.slow_hint and left is not None:
             if left > 86400:
                 print(
-                    f"warning: at the rate since learning began this run takes {format_duration(left)} more; {self.slow_hint}"
+                    f"warning: at the speed measured since learning began this run takes {format_duration(left)} more; "
+                    f"{self.slow_hint}"
                 )
             self.slow_hint = None
 

@@ -111,7 +111,7 @@ def test_durations_count_days_and_the_progress_line_says_percent_done(monkeypatc
     assert lines[0].endswith("| warming up (learning starts at step 20000)") and lines[1].endswith("| ETA measuring")
     assert "step     30000/50000000 (  0.1%)" in lines[2] and "SPS    250" in lines[2] and "return(100)     2.00" in lines[2]
     assert lines[2].endswith("ETA 5 days 18:48:20")  # 49,970,000 steps at the 100 SPS since learning began: 499,700 s
-    assert lines[3] == "warning: at the rate since learning began this run takes 5 days 18:48:20 more; try the twin"
+    assert lines[3] == "warning: at the speed measured since learning began this run takes 5 days 18:48:20 more; try the twin"
     assert len(lines) == 4  # the warning comes once
 
 
