@@ -69,8 +69,10 @@ add_sweep() {  # kind, minutes per run, workers, env ids, seeds, launcher option
     local shown=$env_ids
     if [ "$(words $env_ids)" -gt 6 ]; then shown="$(words $env_ids) env ids: $(echo $env_ids | cut -d' ' -f1-3) ..."; fi
     local line
-    line="$(printf '  %-7s %3d runs (%s x seeds %s), about %s each, %s at a time: about %s in all\n            %s' "$kind" \
-        "$runs" "$shown" "$seeds" "$(duration "$minutes")" "$workers" "$(duration "$wall")" "$*")"
+    local noun=runs
+    if [ "$runs" = 1 ]; then noun="run "; fi
+    line="$(printf '  %-7s %3d %s (%s x seeds %s), about %s each, %s at a time: about %s in all\n            %s' "$kind" \
+        "$runs" "$noun" "$shown" "$seeds" "$(duration "$minutes")" "$workers" "$(duration "$wall")" "$*")"
     if [ "$kind" = atari ] && [ "$ATARI" != 1 ]; then
         SKIPPED_LINES+=("$line")
         return
