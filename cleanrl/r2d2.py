@@ -131,8 +131,10 @@ MINATAR_DEFAULTS = dict(
     replay_ratio=4.0,
     learning_rate=2.5e-4,
     target_network_frequency=1_000,
-    exploration_fraction=0.1,
-    end_e=0.01,
+    # The paper's fixed per-actor epsilons, 0.4^(1 + 7 i / 15) (r2d2_atari.py's): --end-e is their base, not a floor,
+    # and a base of 0.01 left all but one actor greedy, which never learned Breakout (random play's score at 1M steps).
+    start_e=0.4,
+    end_e=0.4,
 )
 
 
