@@ -16,6 +16,12 @@ from cleanrl_q_utils.plumbing import read_checkpoint
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def hangup_as_from_a_terminal() -> None:
+    """A child's SIGHUP back to the default: under nohup (SIGHUP ignored, inherited) the scripts rightly go on through
+    a hangup, which would fail the tests that send one however pytest was started."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def run_child(code: str, tmp_path, **popen):
     """A child process running `code` with the plumbing and the toy Args of test_plumbing.py imported."""
     head = f"""
@@ -27,6 +33,7 @@ def run_child(code: str, tmp_path, **popen):
         sys.argv = ["toy"]
         """
     command = [sys.executable, "-c", textwrap.dedent(head) + textwrap.dedent(code)]
+    popen.setdefault("preexec_fn", hangup_as_from_a_terminal)
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path, text=True, **popen)
 
 
@@ -52,6 +59,7 @@ def test_a_signal_while_the_libraries_load_exits_quietly(tmp_path, signum):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=hangup_as_from_a_terminal,
     )
     deadline = time.time() + 30
     while not catches(process.pid, signal.SIGHUP):  # the script's first import has run
