@@ -15,7 +15,7 @@ import importlib
 import sys
 import time
 
-from cleanrl_q_utils import plumbing
+from cleanrl_q_utils import episode_scores
 
 POINTS = (0.05, 0.25, 0.5)
 
@@ -24,7 +24,7 @@ def measure(script: str, flags: list[str]) -> tuple[list[tuple[float, int, float
     """(time, step, estimated seconds left) of every progress line, the time the run ended, its total steps."""
     import tyro
 
-    lines, print_line, init = [], plumbing.Progress.print, plumbing.Progress.__init__
+    lines, print_line, init = [], episode_scores.Progress.print, episode_scores.Progress.__init__
 
     def every_second(self, *args, **kwargs):
         init(self, *args, **kwargs)
@@ -36,7 +36,7 @@ def measure(script: str, flags: list[str]) -> tuple[list[tuple[float, int, float
         if self.last_print != before:
             lines.append((time.time(), global_step, self.time_left(global_step), self.total))
 
-    plumbing.Progress.__init__, plumbing.Progress.print = every_second, recorded
+    episode_scores.Progress.__init__, episode_scores.Progress.print = every_second, recorded
     module = importlib.import_module(f"cleanrl.{script}")
     sys.argv = [f"{script}.py", *flags]
     module.main(tyro.cli(module.Args))

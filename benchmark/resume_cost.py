@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cleanrl_q_utils import plumbing  # noqa: E402
+from cleanrl_q_utils import environments  # noqa: E402
 
 
 def main() -> None:
@@ -49,7 +49,7 @@ def main() -> None:
         print(f"replay of {log.size} logged agent steps ({num_envs} envs): {seconds:.1f} s, {rates[-1]:,.0f} agent steps/s")
         envs.close()
     start = time.perf_counter()
-    envs = plumbing.FirstStepIsReset(make_env())
+    envs = environments.FirstStepIsReset(make_env())
     envs.step(np.zeros(num_envs, dtype=np.int64))
     fresh = time.perf_counter() - start
     rate = float(np.median(rates))

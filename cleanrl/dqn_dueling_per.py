@@ -21,9 +21,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cleanrl_q_utils import minatar, plumbing
+from cleanrl_q_utils import (
+    command_line,
+    environments,
+    episode_scores,
+    flag_checks,
+    minatar,
+    model_files,
+    run_folder,
+    training_run,
+)
 
-# 2: the plumbing module's checkpoint layout (the state under one "state" entry, the buffer under "rb").
+# 2: the shared checkpoint layout (the state under one "state" entry, the buffer under "rb").
 CHECKPOINT_FORMAT = 2
 
 
@@ -123,17 +132,17 @@ MINATAR_DEFAULTS = dict(
 
 def validate_args(args: Args) -> None:
     """Stops with one clear message on a flag combination the algorithm cannot run, before anything is built."""
-    plumbing.check_common_flags(args)
+    flag_checks.check_common_flags(args)
     positive = ("total_timesteps", "num_envs", "n_step", "batch_size", "eval_episodes", "train_frequency")
     positive += ("target_network_frequency", "learning_rate", "prioritized_replay_eps")
     unit = ("prioritized_replay_alpha", "prioritized_replay_beta", "gamma", "start_e", "end_e")
-    plumbing.check_flags([(flag, getattr(args, flag), getattr(args, flag) > 0, "must be > 0") for flag in positive])
-    plumbing.check_flags([(flag, getattr(args, flag), 0 <= getattr(args, flag) <= 1, "must be in [0, 1]") for flag in unit])
+    flag_checks.check_flags([(flag, getattr(args, flag), getattr(args, flag) > 0, "must be > 0") for flag in positive])
+    flag_checks.check_flags([(flag, getattr(args, flag), 0 <= getattr(args, flag) <= 1, "must be in [0, 1]") for flag in unit])
     # The buffer must hold a batch, and the first n-step window of every env.
     minimum = max(args.batch_size, args.num_envs * args.n_step)
     at_least = f"must be >= max(--batch-size, --num-envs * --n-step) = {minimum}"
     multiple = f"must be a multiple of --num-envs={args.num_envs}"
-    plumbing.check_flags(
+    flag_checks.check_flags(
         [
             ("buffer_size", args.buffer_size, args.buffer_size >= minimum, at_least),
             ("learning_starts", args.learning_starts, args.learning_starts >= minimum, at_least),
@@ -142,10 +151,10 @@ def validate_args(args: Args) -> None:
             ("checkpoint_every", args.checkpoint_every, args.checkpoint_every >= 0, "must be >= 0"),
         ]
     )
-    obs_shape = plumbing.check_env_id(args.env_id).observation_space.shape
+    obs_shape = flag_checks.check_env_id(args.env_id).observation_space.shape
     # numpy allocates lazily, so an oversized buffer would only fail (or start swapping) hours into the run.
     needed = replay_memory_bytes(args, obs_shape, buffer_obs_dtype(obs_shape))
-    plumbing.check_memory(needed, "the replay", f"--buffer-size={args.buffer_size}")
+    flag_checks.check_memory(needed, "the replay", f"--buffer-size={args.buffer_size}")
 
 
 def buffer_obs_dtype(obs_shape: tuple):
@@ -411,18 +420,20 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     """Plays --eval-episodes whole games (--eval-epsilon) on training's envs seeded apart (--seed + 1), one per env: on
     Atari a lost life ends an episode and envpool serves the next with FIRE. Returns the true scores (raw, all lives).
     --capture-video plays them in turn on ale-py (FIRE after a lost life too) and records them to the run's videos/ folder."""
-    spec = plumbing.check_env_id(args.env_id)
+    spec = flag_checks.check_env_id(args.env_id)
     model = DuelingQNetwork(spec.observation_space.shape, spec.action_space.n, args.hidden_size).to(device)
-    plumbing.load_weights(model, model_path, device)
+    model_files.load_weights(model, model_path, device)
     model.eval()
     seed, num_actions = args.seed + 1, spec.action_space.n
     if args.capture_video:  # envpool does not render: a gymnasium env with the training preprocessing
-        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, video_folder, max_episode_steps=27000)])
+        envs = gym.vector.SyncVectorEnv(
+            [lambda: environments.make_video_env(args.env_id, video_folder, max_episode_steps=27000)]
+        )
     else:
         envs = make_env(args.env_id, args.eval_episodes, seed)
     obs, _ = envs.reset(seed=seed)  # envpool took its seed when built and ignores this one
     quota = np.full(envs.num_envs, args.eval_episodes // envs.num_envs)  # whole games each env plays and counts
-    stats, is_reset_step = plumbing.EpisodeStats(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
+    stats, is_reset_step = episode_scores.EpisodeStats(envs.num_envs), np.zeros(envs.num_envs, dtype=bool)
     while quota.sum() > 0:
         obs, rewards, terminated, truncated, info = envs.step(act(model, obs, args.eval_epsilon, num_actions, device))
         raw_rewards, game_over = true_game_end(rewards, terminated, truncated, info)
@@ -434,7 +445,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     return stats.scores
 
 
-def train_step(args: Args, run: plumbing.Run, q_network, target_network, optimizer, rb, global_step: int, device):
+def train_step(args: Args, run: training_run.Run, q_network, target_network, optimizer, rb, global_step: int, device):
     """One gradient step on a prioritized batch, then the batch's new priorities. Returns the loss, the mean
     Q-value of the replayed actions (both as 0-d tensors) and beta."""
     beta = linear_schedule(args.prioritized_replay_beta, 1.0, args.total_timesteps, global_step)
@@ -459,14 +470,14 @@ def train_step(args: Args, run: plumbing.Run, q_network, target_network, optimiz
 def main(args: Args) -> list[float]:
     args = minatar.with_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:
-        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
-    args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
+        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+    args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    args = plumbing.whole_iterations(args)
+    args = flag_checks.whole_iterations(args)
     # A small MLP only pays synchronization for intra-op threads; one thread also frees results from the core count.
     cpu_threads = None if args.env_id.endswith("-v5") else 1
-    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads) as run:
-        plumbing.seed_everything(args.seed, args.torch_deterministic)
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads) as run:
+        run_folder.seed_everything(args.seed, args.torch_deterministic)
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
         obs_dtype = buffer_obs_dtype(obs_shape)
@@ -478,7 +489,7 @@ def main(args: Args) -> list[float]:
         optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
         rb = PrioritizedReplayBuffer(args.buffer_size, obs_shape, obs_dtype, args.prioritized_replay_alpha, seed=args.seed)
         window = NStepWindow(args.n_step, args.num_envs, obs_shape, obs_dtype, args.gamma)
-        stats = plumbing.EpisodeStats(args.num_envs)
+        stats = episode_scores.EpisodeStats(args.num_envs)
 
         num_iterations = args.total_timesteps // args.num_envs
         steps_per_update = args.train_frequency // args.num_envs
@@ -514,9 +525,11 @@ def main(args: Args) -> list[float]:
             if saved["rb"] is None:  # an empty buffer: act for another learning_starts steps before sampling from it
                 learning_starts = iteration * args.num_envs + args.learning_starts
                 run.note_empty_replay(learning_starts)
-            envs, obs = run.fast_forward(envs, action_log[:iteration], obs, (is_reset_step,), stats)
-            if args.resume_fresh_envs:  # the dropped games' pending n-step transitions would add the new games' rewards
-                window.length[:] = 0
+            envs, obs = run.fast_forward(envs, action_log[:iteration], obs, stats)
+            if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
+                is_reset_step[:] = True
+                stats.drop_games_in_progress()
+                window.length[:] = 0  # the dropped games' pending n-step transitions would add the new games' rewards
         progress = run.progress(iteration * args.num_envs)
 
         for iteration in range(iteration + 1, num_iterations + 1):
@@ -525,7 +538,7 @@ def main(args: Args) -> list[float]:
             actions = act(q_network, obs, epsilon, num_actions, device)
             action_log[iteration - 1] = actions
             next_obs, rewards, terminated, truncated, info = envs.step(actions)
-            terminated = plumbing.terminated_at_step_cap(terminated, truncated, info)  # true score: all lives, unclipped
+            terminated = environments.terminated_at_step_cap(terminated, truncated, info)  # true score: all lives, unclipped
             raw_rewards, game_over = true_game_end(rewards, terminated, truncated, info)
             stats.update(raw_rewards, is_reset_step, game_over & ~is_reset_step, run.writer, global_step)
             rb.add(*window.push(obs, actions, rewards, terminated, truncated, next_obs, is_reset_step))
@@ -558,4 +571,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    plumbing.cli(main, Args)
+    command_line.cli(main, Args)

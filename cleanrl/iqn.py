@@ -21,7 +21,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import minatar, plumbing
+from cleanrl_q_utils import (
+    command_line,
+    environments,
+    episode_scores,
+    flag_checks,
+    minatar,
+    model_files,
+    run_folder,
+    training_run,
+)
 
 
 @dataclass
@@ -126,24 +135,24 @@ MINATAR_DEFAULTS = dict(
 
 
 def validate_args(args: Args) -> None:
-    plumbing.check_common_flags(args)
-    spec = plumbing.check_env_id(args.env_id, atari=False)
+    flag_checks.check_common_flags(args)
+    spec = flag_checks.check_env_id(args.env_id, atari=False)
     positive = (
         "total_timesteps num_envs n_step batch_size train_frequency target_network_frequency exploration_fraction kappa "
         "num_tau_samples num_tau_prime_samples num_quantile_samples quantile_embedding_dim hidden_size learning_rate adam_eps"
     ).split()
     probabilities, values = ("gamma", "start_e", "end_e", "eval_epsilon"), vars(args)
-    plumbing.check_flags(
+    flag_checks.check_flags(
         [(name, values[name], values[name] > 0, "must be > 0") for name in positive]
         + [(name, values[name], 0.0 <= values[name] <= 1.0, "must be in [0, 1]") for name in probabilities]
         + [(name, values[name], values[name] >= 0, "must be >= 0") for name in ("eval_episodes", "checkpoint_every")]
     )
     if args.learning_starts < args.batch_size:
-        plumbing.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
+        flag_checks.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 4):
         needs = f"must hold --learning-starts={args.learning_starts} steps and at least 4 steps per environment"
-        plumbing.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
-    plumbing.check_memory(
+        flag_checks.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
+    flag_checks.check_memory(
         replay_memory_bytes(args, spec.observation_space.shape), "the replay", f"--buffer-size={args.buffer_size}"
     )
 
@@ -343,12 +352,12 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     scores. The environments are seeded with `args.seed + 1`, apart from the training ones."""
     seed = args.seed + 1
     if args.capture_video:
-        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, video_folder)])
+        envs = gym.vector.SyncVectorEnv([lambda: environments.make_video_env(args.env_id, video_folder)])
     else:
         envs = make_env(args.env_id, 1, seed)
     obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
     model = QuantileNetwork(obs_shape, num_actions, args.quantile_embedding_dim, args.hidden_size).to(device)
-    plumbing.load_weights(model, model_path, device)
+    model_files.load_weights(model, model_path, device)
     obs, _ = envs.reset(seed=seed) if args.capture_video else envs.reset()
     scores, score = [], 0.0
     while len(scores) < args.eval_episodes:
@@ -368,13 +377,13 @@ CHECKPOINT_FORMAT = 2  # the layout of checkpoint.pt: a resume refuses files of 
 def main(args: Args) -> list[float]:
     args = minatar.with_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:
-        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
-    args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
+        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+    args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    args = plumbing.whole_iterations(args)
+    args = flag_checks.whole_iterations(args)
     # cpu_threads=1: a network this small only pays synchronization for threads
-    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
-        plumbing.seed_everything(args.seed, args.torch_deterministic)
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
+        run_folder.seed_everything(args.seed, args.torch_deterministic)
         device = run.device
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         num_actions, obs_shape = envs.single_action_space.n, envs.single_observation_space.shape
@@ -389,7 +398,7 @@ def main(args: Args) -> list[float]:
         num_iterations = -(-args.total_timesteps // args.num_envs)
         # Every action sent to envs.step, reset steps included: a resume replays them to rebuild the environments.
         action_log = np.zeros((num_iterations, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
-        stats = plumbing.EpisodeStats(args.num_envs)
+        stats = episode_scores.EpisodeStats(args.num_envs)
         obs, _ = envs.reset()  # envpool is seeded at construction
         is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
         iteration = updates = 0
@@ -413,7 +422,10 @@ def main(args: Args) -> list[float]:
         if checkpoint:
             saved = run.restore({**checkpoint_state(), "action_log": action_log})  # the saved log fills its first rows
             iteration, updates = saved["iteration"], saved["updates"]
-            envs, obs = run.fast_forward(envs, action_log[:iteration], obs, (is_reset_step,), stats)
+            envs, obs = run.fast_forward(envs, action_log[:iteration], obs, stats)
+            if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
+                is_reset_step[:] = True
+                stats.drop_games_in_progress()
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
                 learn_after = iteration * args.num_envs + args.learning_starts
                 run.note_empty_replay(learn_after)
@@ -464,4 +476,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    plumbing.cli(main, Args)
+    command_line.cli(main, Args)

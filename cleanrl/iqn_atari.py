@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import plumbing
+from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, run_folder, training_run
 
 
 @dataclass
@@ -109,24 +109,24 @@ class Args:
 
 
 def validate_args(args: Args) -> None:
-    plumbing.check_common_flags(args)
-    plumbing.check_env_id(args.env_id, atari=True)
+    flag_checks.check_common_flags(args)
+    flag_checks.check_env_id(args.env_id, atari=True)
     positive = (
         "total_timesteps num_envs n_step batch_size train_frequency target_network_frequency exploration_fraction kappa "
         "num_tau_samples num_tau_prime_samples num_quantile_samples quantile_embedding_dim hidden_size learning_rate adam_eps"
     ).split()
     probabilities, values = ("gamma", "start_e", "end_e", "eval_epsilon"), vars(args)
-    plumbing.check_flags(
+    flag_checks.check_flags(
         [(name, values[name], values[name] > 0, "must be > 0") for name in positive]
         + [(name, values[name], 0.0 <= values[name] <= 1.0, "must be in [0, 1]") for name in probabilities]
         + [(name, values[name], values[name] >= 0, "must be >= 0") for name in ("eval_episodes", "checkpoint_every")]
     )
     if args.learning_starts < args.batch_size:
-        plumbing.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
+        flag_checks.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 2 * STACK_NUM + 2):
         needs = f"must hold --learning-starts={args.learning_starts} steps and at least {2 * STACK_NUM + 2} per environment"
-        plumbing.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
-    plumbing.check_memory(replay_memory_bytes(args, (84, 84)), "the replay", f"--buffer-size={args.buffer_size}")
+        flag_checks.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
+    flag_checks.check_memory(replay_memory_bytes(args, (84, 84)), "the replay", f"--buffer-size={args.buffer_size}")
 
 
 STACK_NUM = 4  # frames per observation: the agent sees the last 4 (max-pooled) frames
@@ -350,13 +350,15 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     --capture-video plays the same games on ale-py, which also presses FIRE after every lost life."""
     seed = args.seed + 1
     if args.capture_video:
-        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, video_folder, max_episode_steps=27_000)])
+        envs = gym.vector.SyncVectorEnv(
+            [lambda: environments.make_video_env(args.env_id, video_folder, max_episode_steps=27_000)]
+        )
     else:
         envs = make_env(args.env_id, 1, seed)
     model = QuantileNetwork(envs.single_action_space.n, args.quantile_embedding_dim, args.hidden_size).to(device)
-    plumbing.load_weights(model, model_path, device)
+    model_files.load_weights(model, model_path, device)
     obs, _ = envs.reset(seed=seed) if args.capture_video else envs.reset()
-    stats, is_reset_step = plumbing.EpisodeStats(1), np.zeros(1, dtype=bool)
+    stats, is_reset_step = episode_scores.EpisodeStats(1), np.zeros(1, dtype=bool)
     while len(stats.scores) < args.eval_episodes:
         actions = act(model, obs, args.eval_epsilon, args.num_quantile_samples)
         obs, rewards, terminated, truncated, infos = envs.step(actions)
@@ -374,12 +376,12 @@ CHECKPOINT_FORMAT = 2  # the layout of checkpoint.pt: a resume refuses files of 
 
 def main(args: Args) -> list[float]:
     if args.eval_only:
-        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
-    args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
+        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+    args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    args = plumbing.whole_iterations(args)
-    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
-        plumbing.seed_everything(args.seed, args.torch_deterministic)
+    args = flag_checks.whole_iterations(args)
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+        run_folder.seed_everything(args.seed, args.torch_deterministic)
         device = run.device
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         num_actions, frame_shape = envs.single_action_space.n, envs.single_observation_space.shape[1:]
@@ -393,7 +395,7 @@ def main(args: Args) -> list[float]:
         num_iterations = -(-args.total_timesteps // args.num_envs)
         # Every action sent to envs.step, reset steps included: a resume replays them to rebuild the environments.
         action_log = np.zeros((num_iterations, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
-        stats = plumbing.EpisodeStats(args.num_envs)
+        stats = episode_scores.EpisodeStats(args.num_envs)
         obs, _ = envs.reset()  # envpool is seeded at construction
         is_first = np.ones(args.num_envs, dtype=bool)  # o_t is the first observation of a game (not of a life)
         is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
@@ -421,7 +423,10 @@ def main(args: Args) -> list[float]:
         if checkpoint:
             saved = run.restore({**checkpoint_state(), "action_log": action_log})  # the saved log fills its first rows
             iteration, updates = saved["iteration"], saved["updates"]
-            envs, obs = run.fast_forward(envs, action_log[:iteration], obs, (is_reset_step, next_is_first), stats)
+            envs, obs = run.fast_forward(envs, action_log[:iteration], obs, stats)
+            if args.resume_fresh_envs:  # new games: every env's next step is a reset step, then a first observation
+                is_reset_step[:] = next_is_first[:] = True
+                stats.drop_games_in_progress()
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
                 rb.add_history(obs)
                 learn_after = iteration * args.num_envs + args.learning_starts
@@ -436,7 +441,7 @@ def main(args: Args) -> list[float]:
             action_log[iteration] = actions
             iteration += 1
             next_obs, rewards, terminated, truncated, infos = envs.step(actions)
-            terminated = plumbing.terminated_at_step_cap(terminated, truncated, infos)  # a game over on the capped step
+            terminated = environments.terminated_at_step_cap(terminated, truncated, infos)  # a game over on the capped step
             # NEXT_STEP autoreset: after a last step, envpool's next step is a reset step, never a transition.
             rb.add(obs[:, -1], is_first, actions, rewards, terminated, valid=~is_reset_step)
             game_over = infos["terminated"].astype(bool) | truncated  # true game scores: all lives, raw, time-outs too
@@ -475,4 +480,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    plumbing.cli(main, Args)
+    command_line.cli(main, Args)

@@ -20,7 +20,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import minatar, plumbing
+from cleanrl_q_utils import (
+    command_line,
+    environments,
+    episode_scores,
+    flag_checks,
+    minatar,
+    model_files,
+    run_folder,
+    training_run,
+)
 from cleanrl_q_utils.flat_radam import RAdam, flatten_parameters
 
 
@@ -108,14 +117,14 @@ def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> i
 
 def validate_args(args: Args) -> None:
     """Stops with one clear message on flags that cannot work, before anything is built."""
-    plumbing.check_common_flags(args)
-    spec = plumbing.check_env_id(args.env_id, atari=False)
+    flag_checks.check_common_flags(args)
+    spec = flag_checks.check_env_id(args.env_id, atari=False)
     # Observations are stored as float32 whatever the env's dtype (see `main`).
     needed = rollout_memory_bytes(args, spec.observation_space.shape, np.float32)
-    plumbing.check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
+    flag_checks.check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
     batch_size = args.num_envs * args.num_steps
     batch = f"num_envs * num_steps = {batch_size}"
-    plumbing.check_flags(
+    flag_checks.check_flags(
         [
             ("num_minibatches", args.num_minibatches, batch_size % args.num_minibatches == 0, f"must divide {batch}"),
             ("total_timesteps", args.total_timesteps, args.total_timesteps >= batch_size, f"must be at least {batch}"),
@@ -203,7 +212,7 @@ def fold_reset_steps(
 
 
 def train_on_rollout(
-    q_network: QNetwork, optimizer: RAdam, batch: tuple, args: Args, run: plumbing.Run, global_step: int
+    q_network: QNetwork, optimizer: RAdam, batch: tuple, args: Args, run: training_run.Run, global_step: int
 ) -> tuple:
     """`update_epochs` passes of `num_minibatches` minibatches over the flattened rollout `batch` = (obs, actions,
     returns, valid), each of length num_envs * num_steps. Returns the loss and Q(s, a) of the last minibatch."""
@@ -228,7 +237,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     """Plays `args.eval_episodes` episodes with a saved model, epsilon-greedy with `args.eval_epsilon`; returns their
     scores."""
     if args.capture_video:  # envpool does not render; a gymnasium env with the same dynamics records the video
-        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, video_folder)])
+        envs = gym.vector.SyncVectorEnv([lambda: environments.make_video_env(args.env_id, video_folder)])
         obs, _ = envs.reset(seed=args.seed)
     else:  # one environment per episode, so that short episodes are not over-represented
         envs = make_env(args.env_id, args.eval_episodes, args.seed)
@@ -236,7 +245,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)
     model = QNetwork(envs.single_observation_space.shape, num_actions).to(device)
-    plumbing.load_weights(model, model_path, device)
+    model_files.load_weights(model, model_path, device)
     model.eval()
     scores, episode_returns = [], np.zeros(num_envs)
     while quota.sum() > 0:
@@ -261,16 +270,16 @@ CHECKPOINT_FORMAT = 3  # 3: the state `main` lists in `checkpoint_state`
 def main(args: Args) -> list[float]:
     args = minatar.with_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:
-        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
-    args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
+        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+    args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    args = plumbing.whole_iterations(args)
+    args = flag_checks.whole_iterations(args)
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     epsilon_duration = args.exploration_fraction * args.total_timesteps
     # cpu_threads=1: a network this small gains nothing from intra-op threads; they only add synchronization per call.
-    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
-        plumbing.seed_everything(args.seed, args.torch_deterministic)
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
+        run_folder.seed_everything(args.seed, args.torch_deterministic)
         device = run.device
 
         def to_device(array: np.ndarray) -> torch.Tensor:
@@ -291,7 +300,7 @@ def main(args: Args) -> list[float]:
         max_q = torch.zeros((args.num_steps, args.num_envs), device=device)
         # Every action sent to the envs, so that a resumed run can rebuild them by replaying it.
         action_log = np.zeros((num_iterations * args.num_steps, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
-        stats = plumbing.EpisodeStats(args.num_envs)
+        stats = episode_scores.EpisodeStats(args.num_envs)
         next_obs = envs.reset()[0]
         next_is_reset_step = np.zeros(args.num_envs, dtype=bool)
 
@@ -312,8 +321,11 @@ def main(args: Args) -> list[float]:
         if checkpoint is not None:
             start_iteration = run.restore(checkpoint_state())["iteration"]
             envs, next_obs = run.fast_forward(
-                envs, action_log[: start_iteration * args.num_steps], next_obs, (next_is_reset_step,), stats, actions.dtype
+                envs, action_log[: start_iteration * args.num_steps], next_obs, stats, actions.dtype
             )
+            if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
+                next_is_reset_step[:] = True
+                stats.drop_games_in_progress()
         global_step = start_iteration * batch_size
         progress = run.progress(global_step)
         for iteration in range(start_iteration, num_iterations):
@@ -372,4 +384,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    plumbing.cli(main, Args)
+    command_line.cli(main, Args)

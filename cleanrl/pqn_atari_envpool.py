@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.optim as optim
 
-from cleanrl_q_utils import plumbing
+from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, run_folder, training_run
 
 
 @dataclass
@@ -101,13 +101,13 @@ def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> i
 
 def validate_args(args: Args) -> None:
     """Stops with one clear message on flags that cannot work, before anything is built."""
-    plumbing.check_common_flags(args)
-    spec = plumbing.check_env_id(args.env_id, atari=True)
+    flag_checks.check_common_flags(args)
+    spec = flag_checks.check_env_id(args.env_id, atari=True)
     needed = rollout_memory_bytes(args, spec.observation_space.shape, spec.observation_space.dtype)
-    plumbing.check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
+    flag_checks.check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
     batch_size = args.num_envs * args.num_steps
     batch = f"num_envs * num_steps = {batch_size}"
-    plumbing.check_flags(
+    flag_checks.check_flags(
         [
             ("num_minibatches", args.num_minibatches, batch_size % args.num_minibatches == 0, f"must divide {batch}"),
             ("total_timesteps", args.total_timesteps, args.total_timesteps >= batch_size, f"must be at least {batch}"),
@@ -198,7 +198,7 @@ def fold_reset_steps(
 
 
 def train_on_rollout(
-    q_network: QNetwork, optimizer: optim.Optimizer, batch: tuple, args: Args, run: plumbing.Run, global_step: int
+    q_network: QNetwork, optimizer: optim.Optimizer, batch: tuple, args: Args, run: training_run.Run, global_step: int
 ) -> tuple:
     """`update_epochs` passes of `num_minibatches` minibatches over the flattened rollout `batch` = (obs, actions,
     returns, valid), each of length num_envs * num_steps. Returns the loss and Q(s, a) of the last minibatch."""
@@ -224,7 +224,9 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     as purejaxql's test environments: a lost life ends an episode and envpool serves the next with FIRE. Returns the
     true scores (raw rewards over all lives). --capture-video plays them on ale-py, which also presses FIRE after a life."""
     if args.capture_video:
-        envs = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, video_folder, max_episode_steps=27_000)])
+        envs = gym.vector.SyncVectorEnv(
+            [lambda: environments.make_video_env(args.env_id, video_folder, max_episode_steps=27_000)]
+        )
         obs, _ = envs.reset(seed=args.seed + 1)
     else:  # one environment per game, so that short games are not over-represented
         envs = make_env(args.env_id, args.eval_episodes, args.seed + 1)
@@ -232,9 +234,9 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)
     model = QNetwork(num_actions).to(device)
-    plumbing.load_weights(model, model_path, device)
+    model_files.load_weights(model, model_path, device)
     model.eval()
-    stats, is_reset_step = plumbing.EpisodeStats(num_envs), np.zeros(num_envs, dtype=bool)
+    stats, is_reset_step = episode_scores.EpisodeStats(num_envs), np.zeros(num_envs, dtype=bool)
     while quota.sum() > 0:
         with torch.no_grad():
             greedy = model(torch.as_tensor(obs, device=device)).argmax(1).cpu().numpy()
@@ -257,15 +259,15 @@ CHECKPOINT_FORMAT = 2  # 2: the state `main` lists in `checkpoint_state`
 
 def main(args: Args) -> list[float]:
     if args.eval_only:
-        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
-    args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
+        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+    args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    args = plumbing.whole_iterations(args)
+    args = flag_checks.whole_iterations(args)
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     epsilon_duration = args.exploration_fraction * args.total_timesteps
-    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
-        plumbing.seed_everything(args.seed, args.torch_deterministic)
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+        run_folder.seed_everything(args.seed, args.torch_deterministic)
         device = run.device
 
         def to_device(array: np.ndarray) -> torch.Tensor:
@@ -285,7 +287,7 @@ def main(args: Args) -> list[float]:
         max_q = torch.zeros((args.num_steps, args.num_envs), device=device)
         # Every action sent to the envs, so that a resumed run can rebuild them by replaying it.
         action_log = np.zeros((num_iterations * args.num_steps, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
-        stats = plumbing.EpisodeStats(args.num_envs)
+        stats = episode_scores.EpisodeStats(args.num_envs)
         next_obs = envs.reset()[0]
         next_is_reset_step = np.zeros(args.num_envs, dtype=bool)
 
@@ -306,8 +308,11 @@ def main(args: Args) -> list[float]:
         if checkpoint is not None:
             start_iteration = run.restore(checkpoint_state())["iteration"]
             envs, next_obs = run.fast_forward(
-                envs, action_log[: start_iteration * args.num_steps], next_obs, (next_is_reset_step,), stats, actions.dtype
+                envs, action_log[: start_iteration * args.num_steps], next_obs, stats, actions.dtype
             )
+            if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
+                next_is_reset_step[:] = True
+                stats.drop_games_in_progress()
         global_step = start_iteration * batch_size
         progress = run.progress(global_step)
         for iteration in range(start_iteration, num_iterations):
@@ -332,7 +337,7 @@ def main(args: Args) -> list[float]:
 
                 next_obs, reward, terminated, truncated, info = envs.step(actions[step])
                 rewards[step] = reward  # clipped; `terminated` includes life losses
-                terminations[step] = plumbing.terminated_at_step_cap(terminated, truncated, info)
+                terminations[step] = environments.terminated_at_step_cap(terminated, truncated, info)
                 game_over = info["terminated"].astype(bool) | truncated
                 stats.update(info["reward"], next_is_reset_step, game_over, run.writer, global_step)
                 next_is_reset_step = terminated | truncated
@@ -367,4 +372,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    plumbing.cli(main, Args)
+    command_line.cli(main, Args)

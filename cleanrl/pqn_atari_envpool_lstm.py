@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.optim as optim
 
-from cleanrl_q_utils import plumbing
+from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, run_folder, training_run
 
 
 @dataclass
@@ -103,13 +103,13 @@ def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> i
 
 def validate_args(args: Args) -> None:
     """Stops with one clear message on flags that cannot work, before anything is built."""
-    plumbing.check_common_flags(args)
-    spec = plumbing.check_env_id(args.env_id, atari=True)
+    flag_checks.check_common_flags(args)
+    spec = flag_checks.check_env_id(args.env_id, atari=True)
     needed = rollout_memory_bytes(args, spec.observation_space.shape, spec.observation_space.dtype)
-    plumbing.check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
+    flag_checks.check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
     batch_size = args.num_envs * args.num_steps
     batch = f"num_envs * num_steps = {batch_size}"
-    plumbing.check_flags(
+    flag_checks.check_flags(
         [
             (
                 "num_minibatches",
@@ -226,7 +226,7 @@ def fold_reset_steps(
 
 
 def train_on_rollout(
-    q_network: QNetwork, optimizer: optim.Optimizer, rollout: tuple, args: Args, run: plumbing.Run, global_step: int
+    q_network: QNetwork, optimizer: optim.Optimizer, rollout: tuple, args: Args, run: training_run.Run, global_step: int
 ) -> tuple:
     """`update_epochs` passes over the rollout in `num_minibatches` minibatches of whole environments: each replays its
     rollout as one sequence from the recurrent state stored at its start. `rollout` = (obs, actions, is_first,
@@ -258,7 +258,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     --capture-video plays them on ale-py, which also presses FIRE after a lost life (there no episode end)."""
     if args.capture_video:
         envs = gym.vector.SyncVectorEnv(
-            [lambda: plumbing.make_video_env(args.env_id, video_folder, 1, max_episode_steps=27_000)]
+            [lambda: environments.make_video_env(args.env_id, video_folder, 1, max_episode_steps=27_000)]
         )
         obs, _ = envs.reset(seed=args.seed + 1)
     else:  # one environment per game, so that short games are not over-represented
@@ -267,9 +267,9 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)
     model = QNetwork(num_actions).to(device)
-    plumbing.load_weights(model, model_path, device)
+    model_files.load_weights(model, model_path, device)
     model.eval()
-    stats, state = plumbing.EpisodeStats(num_envs), model.initial_state(num_envs, device)
+    stats, state = episode_scores.EpisodeStats(num_envs), model.initial_state(num_envs, device)
     is_first, is_reset_step = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
     lives = np.zeros(num_envs, dtype=np.int64)  # 0 before the first step, so that it never reads as a lost life
     while quota.sum() > 0:
@@ -298,15 +298,15 @@ CHECKPOINT_FORMAT = 2  # 2: the state `main` lists in `checkpoint_state`
 
 def main(args: Args) -> list[float]:
     if args.eval_only:
-        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
-    args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
+        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+    args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    args = plumbing.whole_iterations(args)
+    args = flag_checks.whole_iterations(args)
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     epsilon_duration = args.exploration_fraction * args.total_timesteps
-    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
-        plumbing.seed_everything(args.seed, args.torch_deterministic)
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+        run_folder.seed_everything(args.seed, args.torch_deterministic)
         device = run.device
 
         def to_device(array: np.ndarray) -> torch.Tensor:
@@ -327,7 +327,7 @@ def main(args: Args) -> list[float]:
         max_q = torch.zeros((args.num_steps, args.num_envs), device=device)
         # Every action sent to the envs, so that a resumed run can rebuild them by replaying it.
         action_log = np.zeros((num_iterations * args.num_steps, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
-        stats = plumbing.EpisodeStats(args.num_envs)
+        stats = episode_scores.EpisodeStats(args.num_envs)
         next_obs = envs.reset()[0]
         next_is_reset_step = np.zeros(args.num_envs, dtype=bool)
         next_is_first = np.ones(args.num_envs, dtype=bool)
@@ -353,8 +353,11 @@ def main(args: Args) -> list[float]:
             saved = run.restore(checkpoint_state())
             start_iteration, lstm_state = saved["iteration"], tuple(tensor.to(device) for tensor in saved["lstm_state"])
             envs, next_obs = run.fast_forward(
-                envs, action_log[: start_iteration * args.num_steps], next_obs, (next_is_reset_step,), stats, actions.dtype
+                envs, action_log[: start_iteration * args.num_steps], next_obs, stats, actions.dtype
             )
+            if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
+                next_is_reset_step[:] = True
+                stats.drop_games_in_progress()
         global_step = start_iteration * batch_size
         progress = run.progress(global_step)
         for iteration in range(start_iteration, num_iterations):
@@ -382,7 +385,7 @@ def main(args: Args) -> list[float]:
 
                 next_obs, reward, terminated, truncated, info = envs.step(actions[step])
                 rewards[step] = reward  # clipped; `terminated` includes life losses
-                terminations[step] = plumbing.terminated_at_step_cap(terminated, truncated, info)
+                terminations[step] = environments.terminated_at_step_cap(terminated, truncated, info)
                 game_over = info["terminated"].astype(bool) | truncated
                 stats.update(info["reward"], next_is_reset_step, game_over, run.writer, global_step)
                 # The observation a reset step returns is the first of a new episode (life).
@@ -420,4 +423,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    plumbing.cli(main, Args)
+    command_line.cli(main, Args)

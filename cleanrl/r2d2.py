@@ -22,7 +22,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import minatar, plumbing
+from cleanrl_q_utils import (
+    command_line,
+    environments,
+    episode_scores,
+    flag_checks,
+    minatar,
+    model_files,
+    run_folder,
+    training_run,
+)
 
 CHECKPOINT_FORMAT = 3  # 3: --seq-len counts the trained steps only; --sequence-period
 
@@ -139,8 +148,8 @@ MINATAR_DEFAULTS = dict(
 
 
 def validate_args(args: Args) -> None:
-    plumbing.check_common_flags(args)
-    spec = plumbing.check_env_id(args.env_id, atari=False)
+    flag_checks.check_common_flags(args)
+    spec = flag_checks.check_env_id(args.env_id, atari=False)
     min_buffer, period = args.num_envs * 2 * (args.burn_in + args.seq_len + args.n_step), args.sequence_period
     checks = [
         ("mask_velocity", True, not args.mask_velocity or args.env_id.startswith("CartPole"), "only for CartPole"),
@@ -159,10 +168,10 @@ def validate_args(args: Args) -> None:
         ("total_timesteps", args.total_timesteps, args.total_timesteps >= args.num_envs, "at least --num-envs"),
         ("checkpoint_every", args.checkpoint_every, args.checkpoint_every >= 0, "at least 0 (0: only on a signal)"),
     ]
-    plumbing.check_flags(checks)
+    flag_checks.check_flags(checks)
     obs_shape = observe(np.zeros((1, *spec.observation_space.shape)), args.mask_velocity).shape[1:]
     needed = replay_memory_bytes(args, obs_shape, stored_dtype(obs_shape))
-    plumbing.check_memory(needed, "the replay", f"--buffer-size={args.buffer_size}")
+    flag_checks.check_memory(needed, "the replay", f"--buffer-size={args.buffer_size}")
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
@@ -488,10 +497,10 @@ def evaluate(model_path: str, args: Args, device, video_folder: str) -> list[flo
     envs = make_env(args.env_id, args.eval_episodes, args.seed + 100)
     obs, _ = envs.reset()
     model = QNetwork(observe(obs, args.mask_velocity).shape[1:], int(envs.single_action_space.n), args.lstm_size).to(device)
-    plumbing.load_weights(model, model_path, device)
+    model_files.load_weights(model, model_path, device)
     scores = play(model, envs, obs, args.mask_velocity, device, args.eval_epsilon)
     if args.capture_video:
-        video_env = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, video_folder)])
+        video_env = gym.vector.SyncVectorEnv([lambda: environments.make_video_env(args.env_id, video_folder)])
         play(model, video_env, video_env.reset(seed=0)[0], args.mask_velocity, device, args.eval_epsilon)
         video_env.close()
     return scores
@@ -505,12 +514,14 @@ def to_step_inputs(obs, last_action, last_reward, is_first, device):
 def main(args: Args) -> list[float]:
     args = minatar.with_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:
-        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
-    args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)  # a resumed run goes on with the checkpoint's flags
+        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+    args, checkpoint = command_line.resume(
+        args, __file__, CHECKPOINT_FORMAT
+    )  # a resumed run goes on with the checkpoint's flags
     validate_args(args)
-    args = plumbing.whole_iterations(args)
-    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
-        plumbing.seed_everything(args.seed, args.torch_deterministic)
+    args = flag_checks.whole_iterations(args)
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
+        run_folder.seed_everything(args.seed, args.torch_deterministic)
         rng = np.random.default_rng(args.seed)
         device = run.device
 
@@ -534,7 +545,7 @@ def main(args: Args) -> list[float]:
         h, c = torch.zeros(2, num_envs, args.lstm_size, device=device)  # the actors' LSTM state
         is_first, is_reset_step = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
         last_action, last_reward = np.full(num_envs, -1), np.zeros(num_envs, dtype=np.float32)
-        stats = plumbing.EpisodeStats(num_envs)
+        stats = episode_scores.EpisodeStats(num_envs)
         update_credit, updates, learn_from = 0.0, 0, args.learning_starts
         num_iterations = args.total_timesteps // num_envs
         global_step = checkpoint["global_step"] if checkpoint else 0  # sets the log's length in checkpoint_state
@@ -551,8 +562,11 @@ def main(args: Args) -> list[float]:
         if checkpoint is not None:
             saved = run.restore(checkpoint_state())
             update_credit, updates, learn_from = saved["update_credit"], saved["updates"], saved["learn_from"]
-            envs, obs = run.fast_forward(envs, action_log[: global_step // num_envs], obs, (is_reset_step,), stats)
-            if args.resume_fresh_envs:  # the cut is a time-out (targets bootstrap from obs); its reset step starts no episode
+            envs, obs = run.fast_forward(envs, action_log[: global_step // num_envs], obs, stats)
+            if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
+                is_reset_step[:] = True
+                stats.drop_games_in_progress()
+                # the cut is a time-out (targets bootstrap from obs); its reset step starts no episode
                 rb.truncated[:, (rb.t - 1) % rb.steps], is_first[:] = True, False
             if not rb.save_arrays:  # the replay starts empty: collect again before learning
                 learn_from = checkpoint["global_step"] + args.learning_starts
@@ -615,4 +629,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    plumbing.cli(main, Args)
+    command_line.cli(main, Args)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import plumbing
+from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, run_folder, training_run
 
 CHECKPOINT_FORMAT = 3  # 3: the burn-in is a prefix before seq_len trained steps; --sequence-period
 
@@ -120,8 +120,8 @@ class Args:
 
 
 def validate_args(args: Args) -> None:
-    plumbing.check_common_flags(args)
-    spec, window = plumbing.check_env_id(args.env_id, atari=True), args.burn_in + args.seq_len + args.n_step
+    flag_checks.check_common_flags(args)
+    spec, window = flag_checks.check_env_id(args.env_id, atari=True), args.burn_in + args.seq_len + args.n_step
     min_buffer, period = args.num_envs * (window + max(window, args.sequence_period + args.frame_stack)), args.sequence_period
     checks = [
         ("num_envs", args.num_envs, args.num_envs >= 1, "at least 1"),
@@ -140,9 +140,11 @@ def validate_args(args: Args) -> None:
         ("total_timesteps", args.total_timesteps, args.total_timesteps >= args.num_envs, "at least --num-envs"),
         ("checkpoint_every", args.checkpoint_every, args.checkpoint_every >= 0, "at least 0 (0: only on a signal)"),
     ]
-    plumbing.check_flags(checks)
+    flag_checks.check_flags(checks)
     frame_shape = spec.observation_space.shape[1:]  # the spec's is a stack of frames
-    plumbing.check_memory(replay_memory_bytes(args, frame_shape, np.uint8), "the replay", f"--buffer-size={args.buffer_size}")
+    flag_checks.check_memory(
+        replay_memory_bytes(args, frame_shape, np.uint8), "the replay", f"--buffer-size={args.buffer_size}"
+    )
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
@@ -470,10 +472,12 @@ def evaluate(model_path: str, args: Args, device, video_folder: str) -> list[flo
     envs = make_env(args.env_id, args.eval_episodes, args.seed + 100)
     obs, _ = envs.reset()
     model = QNetwork(args.frame_stack, int(envs.action_space.n), args.lstm_size).to(device)
-    plumbing.load_weights(model, model_path, device)
+    model_files.load_weights(model, model_path, device)
     scores = play(model, envs, obs, args.frame_stack, device, args.eval_epsilon)
     if args.capture_video:  # the game as trained and scored: frame_stack 1, the 27,000-step cap, no episodic life
-        video_env = gym.vector.SyncVectorEnv([lambda: plumbing.make_video_env(args.env_id, video_folder, 1, 27_000, False)])
+        video_env = gym.vector.SyncVectorEnv(
+            [lambda: environments.make_video_env(args.env_id, video_folder, 1, 27_000, False)]
+        )
         play(model, video_env, video_env.reset(seed=0)[0], args.frame_stack, device, args.eval_epsilon)
         video_env.close()
     return scores
@@ -486,12 +490,14 @@ def to_step_inputs(obs, last_action, last_reward, is_first, device):
 
 def main(args: Args) -> list[float]:
     if args.eval_only:
-        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
-    args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)  # a resumed run goes on with the checkpoint's flags
+        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+    args, checkpoint = command_line.resume(
+        args, __file__, CHECKPOINT_FORMAT
+    )  # a resumed run goes on with the checkpoint's flags
     validate_args(args)
-    args = plumbing.whole_iterations(args)
-    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
-        plumbing.seed_everything(args.seed, args.torch_deterministic)
+    args = flag_checks.whole_iterations(args)
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+        run_folder.seed_everything(args.seed, args.torch_deterministic)
         rng = np.random.default_rng(args.seed)
         device = run.device
 
@@ -512,7 +518,7 @@ def main(args: Args) -> list[float]:
         is_first, is_reset_step = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
         last_action, last_reward = np.full(num_envs, -1), np.zeros(num_envs, dtype=np.float32)
         stack = np.zeros((num_envs, args.frame_stack, *obs.shape[2:]), dtype=np.uint8)
-        stats = plumbing.EpisodeStats(num_envs)
+        stats = episode_scores.EpisodeStats(num_envs)
         update_credit, updates, learn_from = 0.0, 0, args.learning_starts
         num_iterations = args.total_timesteps // num_envs
         global_step = checkpoint["global_step"] if checkpoint else 0  # sets the log's length in checkpoint_state
@@ -529,8 +535,11 @@ def main(args: Args) -> list[float]:
         if checkpoint is not None:
             saved = run.restore(checkpoint_state())
             update_credit, updates, learn_from = saved["update_credit"], saved["updates"], saved["learn_from"]
-            envs, obs = run.fast_forward(envs, action_log[: global_step // num_envs], obs, (is_reset_step,), stats)
-            if args.resume_fresh_envs:  # the cut is a time-out (targets bootstrap from obs); its reset step starts no episode
+            envs, obs = run.fast_forward(envs, action_log[: global_step // num_envs], obs, stats)
+            if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
+                is_reset_step[:] = True
+                stats.drop_games_in_progress()
+                # the cut is a time-out (targets bootstrap from obs); its reset step starts no episode
                 rb.truncated[:, (rb.t - 1) % rb.steps], is_first[:] = True, False
             if not rb.save_arrays:  # the replay starts empty: collect again before learning
                 learn_from = checkpoint["global_step"] + args.learning_starts
@@ -549,7 +558,7 @@ def main(args: Args) -> list[float]:
             explore = rng.random(num_envs) < epsilons
             actions = np.where(explore, rng.integers(num_actions, size=num_envs), q[0].argmax(-1).cpu().numpy())
             next_obs, reward, terminated, truncated, info = envs.step(actions)
-            terminated = plumbing.terminated_at_step_cap(terminated, truncated, info)  # a game over on the capped step
+            terminated = environments.terminated_at_step_cap(terminated, truncated, info)  # a game over on the capped step
             action_log[iteration] = actions
             rb.add(
                 obs[:, -1], actions, reward, terminated, truncated, is_first, is_reset_step, h.cpu().numpy(), c.cpu().numpy()
@@ -597,4 +606,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    plumbing.cli(main, Args)
+    command_line.cli(main, Args)

@@ -25,7 +25,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cleanrl_q_utils import minatar, plumbing
+from cleanrl_q_utils import (
+    command_line,
+    environments,
+    episode_scores,
+    flag_checks,
+    minatar,
+    model_files,
+    run_folder,
+    training_run,
+)
 from cleanrl_q_utils.lstm_unroll import segment_bounds, unroll_lstm, unroll_lstm_merged
 
 CHECKPOINT_FORMAT = 3  # 3: replay windows with the burn-in before them; the IQN-before-LSTM layer
@@ -158,16 +167,16 @@ MINATAR_DEFAULTS = dict(
 
 
 def validate_args(args):
-    plumbing.check_common_flags(args)
-    plumbing.check_env_id(args.env_id, atari=False)  # MinAtar's grids are not Atari's frames
+    flag_checks.check_common_flags(args)
+    flag_checks.check_env_id(args.env_id, atari=False)  # MinAtar's grids are not Atari's frames
     if args.mask_velocity and not args.env_id.startswith("CartPole"):
-        plumbing.flag_error("mask_velocity", True, f"only defined for CartPole, not --env-id={args.env_id}")
+        flag_checks.flag_error("mask_velocity", True, f"only defined for CartPole, not --env-id={args.env_id}")
     counts = "num_envs seq_len batch_size n_step num_tau_samples num_tau_prime_samples num_quantile_samples eval_episodes"
-    plumbing.check_flags([(flag, getattr(args, flag), getattr(args, flag) >= 1, "at least 1") for flag in counts.split()])
+    flag_checks.check_flags([(flag, getattr(args, flag), getattr(args, flag) >= 1, "at least 1") for flag in counts.split()])
     two_windows = 2 * (args.burn_in + args.seq_len + args.n_step) * args.num_envs
     windows_rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
     video_ok = not args.capture_video or all(importlib.util.find_spec(name) for name in ("moviepy", "pygame"))
-    plumbing.check_flags(
+    flag_checks.check_flags(
         [
             ("buffer_size", args.buffer_size, args.buffer_size >= two_windows, windows_rule),
             ("replay_ratio", args.replay_ratio, args.replay_ratio > 0, "must be positive"),
@@ -175,9 +184,9 @@ def validate_args(args):
             ("capture_video", True, video_ok, "needs moviepy and pygame (pip install 'cleanrl-q[video]')"),
         ]
     )
-    space = plumbing.check_env_id(args.env_id).observation_space  # the spec only: no environment is built
+    space = flag_checks.check_env_id(args.env_id).observation_space  # the spec only: no environment is built
     need = replay_memory_bytes(args, (2,) if args.mask_velocity else space.shape, space.dtype)
-    plumbing.check_memory(need, "the replay", f"--buffer-size={args.buffer_size}")
+    flag_checks.check_memory(need, "the replay", f"--buffer-size={args.buffer_size}")
 
 
 def make_env(env_id, num_envs, seed, mask_velocity, max_episode_steps):
@@ -558,12 +567,12 @@ def evaluate(model_path, args, device, video_folder="videos/eval"):
     records them (one environment)."""
     eval_episodes, num_envs = args.eval_episodes, 1 if args.capture_video else min(args.eval_episodes, 32)
     if args.capture_video:
-        env = plumbing.make_video_env(args.env_id, video_folder)
+        env = environments.make_video_env(args.env_id, video_folder)
         envs = gym.vector.SyncVectorEnv([lambda: hide_velocity(env) if args.mask_velocity else env])  # as in training
     else:
         envs = make_env(args.env_id, num_envs, args.seed + 1000, args.mask_velocity, args.max_episode_steps)
     q_network = QNetwork(envs.single_observation_space.shape, int(envs.single_action_space.n), args).to(device)
-    plumbing.load_weights(q_network, model_path, device)
+    model_files.load_weights(q_network, model_path, device)
     q_network.eval()
     agent = Agent(q_network, num_envs, args, device)
     quota = np.array([eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)])
@@ -588,13 +597,13 @@ def evaluate(model_path, args, device, video_folder="videos/eval"):
 def main(args: Args) -> list[float]:
     args = minatar.with_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:
-        return plumbing.evaluate_only(args, __file__, validate_args, evaluate)
-    args, checkpoint = plumbing.resume(args, __file__, CHECKPOINT_FORMAT)
+        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+    args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
-    args = plumbing.whole_iterations(args)
+    args = flag_checks.whole_iterations(args)
     # cpu_threads=1: a network this small only pays synchronization for threads
-    with plumbing.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
-        plumbing.seed_everything(args.seed, args.torch_deterministic)
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
+        run_folder.seed_everything(args.seed, args.torch_deterministic)
         device = run.device
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
 
@@ -607,7 +616,7 @@ def main(args: Args) -> list[float]:
         optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps)
         rb = SequenceReplay(args, obs_space.shape, obs_space.dtype, args.lstm_size, device)
         agent = Agent(q_network, args.num_envs, args, device)
-        stats = plumbing.EpisodeStats(args.num_envs)
+        stats = episode_scores.EpisodeStats(args.num_envs)
         # One update of batch_size x seq_len trained slots per this many agent steps keeps the replay ratio.
         update_every = max(1, round(args.batch_size * args.seq_len / args.replay_ratio / args.num_envs))
         target_every = max(1, args.target_network_frequency // (args.num_envs * update_every))
@@ -628,10 +637,11 @@ def main(args: Args) -> list[float]:
         if checkpoint:
             saved = run.restore(checkpoint_state())
             start_iteration, updates = saved["iteration"], saved["updates"]
-            # with --resume-fresh-envs the reset step at the cut starts a new game (agent.game_over: the timestep restarts)
-            envs, obs = run.fast_forward(envs, action_log[:start_iteration], obs, (is_reset_step, agent.game_over), stats)
-            if args.resume_fresh_envs:  # the cut is a time-out: targets bootstrap from obs, not from the new game
-                rb.truncated[:, (rb.pos - 1) % rb.capacity] = True
+            envs, obs = run.fast_forward(envs, action_log[:start_iteration], obs, stats)
+            if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
+                is_reset_step[:] = agent.game_over[:] = True  # game_over: the new game's timestep restarts
+                stats.drop_games_in_progress()
+                rb.truncated[:, (rb.pos - 1) % rb.capacity] = True  # the cut is a time-out: targets bootstrap from obs
             if not args.checkpoint_replay:  # the replay starts empty (rb.pos 0)
                 run.note_empty_replay(start_iteration * args.num_envs + args.learning_starts)
         progress = run.progress(start_iteration * args.num_envs, 1 / (update_every * args.num_envs))
@@ -686,4 +696,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    plumbing.cli(main, Args)
+    command_line.cli(main, Args)

@@ -90,7 +90,7 @@ def with_defaults(args, defaults: dict):
     """`args` with a script's MinAtar configuration `defaults` for a MinAtar id, except the flags given on the command
     line (they win); prints what was used. Other ids are left as they are, and so are a resumed run (its checkpoint
     holds its flags) and an evaluation (its model file holds them)."""
-    from cleanrl_q_utils.plumbing import flags_given
+    from cleanrl_q_utils.command_line import flags_given
 
     if not is_minatar(args.env_id) or args.resume is not None or args.eval_only:
         return args

@@ -1,7 +1,7 @@
 """Imported first by every script, before the libraries that take seconds to load (torch, envpool).
 
 When the script is the program being run, a SIGINT, SIGTERM or SIGHUP in those seconds ends it quietly with exit status
-128 + the signal's number: Python's default prints a KeyboardInterrupt traceback for SIGINT. `plumbing.Run` replaces
+128 + the signal's number: Python's default prints a KeyboardInterrupt traceback for SIGINT. `training_run.Run` replaces
 these handlers with its own while a run lives and puts them back after it. Imported by anything else (a test importing
 a script), it does nothing.
 """
@@ -14,7 +14,7 @@ import sys
 def exit_on_signal(signum, frame):
     # The process ends here, not by raising SystemExit: raised inside a library's import that C++ called back into
     # (torch's), it aborts the process (std::terminate), and some library code swallows it, so the run would go on.
-    # Before `plumbing.Run` takes the signals over, nothing of the run is written: there is nothing to clean up.
+    # Before `training_run.Run` takes the signals over, nothing of the run is written: there is nothing to clean up.
     print(f"exiting on {signal.Signals(signum).name}", flush=True)
     sys.stderr.flush()
     os._exit(128 + signum)

@@ -51,7 +51,7 @@ def pqn_sweep(tmp_path_factory):
     an earlier sweep left there: an older run of seed 1, seed 3 at 4096 steps and a run of another exp_name.
 
     Seed 2's folder gets the suffix `_2` that a run started in the same second as another of its name is given
-    (plumbing.new_run_name): the renaming stands in for that race, which a test cannot start reliably.
+    (run_folder.new_run_name): the renaming stands in for that race, which a test cannot start reliably.
     Returns (runs folder, {seed: the return(100) its run printed when it finished}, {"newer": seed 1's folder,
     "suffixed": seed 2's}, {left-out folder: why})."""
     workdir = tmp_path_factory.mktemp("sweep")

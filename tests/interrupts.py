@@ -2,6 +2,8 @@
 
 import signal
 
+import pytest
+
 
 def interrupt_at_step(monkeypatch, module, k):
     """Wraps the env pools `module.make_env` builds so that the k-th step() call, counted over every pool built
@@ -23,3 +25,11 @@ def interrupt_at_step(monkeypatch, module, k):
             return self.envs.step(actions)
 
     monkeypatch.setattr(module, "make_env", lambda *args, **kwargs: Interrupting(make_env(*args, **kwargs)))
+
+
+def run_until_stopped(main, args):
+    """Runs `main(args)` that a SIGINT stops: the run writes its checkpoint, then ends with SystemExit(128 + SIGINT),
+    as on the command line."""
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 128 + signal.SIGINT, stop.value.code

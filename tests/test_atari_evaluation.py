@@ -97,13 +97,13 @@ def test_video_evaluation_plays_the_same_games(module, monkeypatch, tmp_path):
         pytest.importorskip(name, reason="the video extra (pip install -e '.[video]')")
     monkeypatch.chdir(tmp_path)
     torch.save(noop_model(module).state_dict(), tmp_path / "model.pt")
-    counters, make_video_env = [], module.plumbing.make_video_env
+    counters, make_video_env = [], module.environments.make_video_env
 
     def counting_video_env(*args, **kwargs):
         counters.append(CountingEnvs(make_video_env(*args, **kwargs), STEP_BUDGET))
         return counters[-1]
 
-    monkeypatch.setattr(module.plumbing, "make_video_env", counting_video_env)
+    monkeypatch.setattr(module.environments, "make_video_env", counting_video_env)
     args = eval_args(module, capture_video=True, eval_episodes=1)
     scores = module.evaluate(str(tmp_path / "model.pt"), args, torch.device("cpu"), "videos/run")
     (env,) = counters

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cleanrl import dqn_dueling_per, iqn_atari, pqn_atari_envpool, pqn_atari_envpool_lstm, r2d2_atari, recurrent_iqn_atari
-from cleanrl_q_utils import plumbing
+from cleanrl_q_utils import environments
 
 ATARI_SCRIPTS = [dqn_dueling_per, iqn_atari, pqn_atari_envpool, pqn_atari_envpool_lstm, r2d2_atari, recurrent_iqn_atari]
 
@@ -55,11 +55,11 @@ def test_envpool_game_over_on_the_capped_step_is_a_termination():
     # capped exactly where the game ends: envpool calls the step a time-out only
     _, _, terminated, truncated, info = last_step(pong(max_episode_steps=game_over_at), game_over_at)
     assert truncated[0] and not terminated[0] and info["terminated"][0]
-    assert plumbing.terminated_at_step_cap(terminated, truncated, info)[0]
+    assert environments.terminated_at_step_cap(terminated, truncated, info)[0]
     # capped one step earlier, the game goes on: a time-out, whose target bootstraps
     _, _, terminated, truncated, info = last_step(pong(max_episode_steps=game_over_at - 1), game_over_at - 1)
     assert truncated[0] and not terminated[0] and not info["terminated"][0]
-    assert not plumbing.terminated_at_step_cap(terminated, truncated, info)[0]
+    assert not environments.terminated_at_step_cap(terminated, truncated, info)[0]
 
 
 def test_gymnasium_time_limit_game_over_on_the_capped_step_is_a_termination():
@@ -81,9 +81,9 @@ def test_gymnasium_time_limit_game_over_on_the_capped_step_is_a_termination():
     game_over_at = next(t for t in range(1, 5000) if any(envs.step(np.zeros(1, dtype=int))[2]))
     _, _, terminated, truncated, info = run(pong(max_episode_steps=game_over_at), game_over_at)
     assert terminated[0] and truncated[0]  # gymnasium's TimeLimit keeps the termination
-    assert plumbing.terminated_at_step_cap(terminated, truncated, info)[0]
+    assert environments.terminated_at_step_cap(terminated, truncated, info)[0]
     _, _, terminated, truncated, info = run(pong(max_episode_steps=game_over_at - 1), game_over_at - 1)
-    assert truncated[0] and not plumbing.terminated_at_step_cap(terminated, truncated, info)[0]
+    assert truncated[0] and not environments.terminated_at_step_cap(terminated, truncated, info)[0]
 
 
 class CappedGameOver:
@@ -133,8 +133,8 @@ def video_env_of(module, tmp_path):
         raise StopBeforePlaying
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(module.plumbing, "make_video_env", record)
-        patch.setattr(module.plumbing, "load_weights", lambda *a, **k: {})
+        patch.setattr(module.environments, "make_video_env", record)
+        patch.setattr(module.model_files, "load_weights", lambda *a, **k: {})
         patch.setattr(torch.nn.Module, "load_state_dict", lambda self, state, *a, **k: None)
         if module is r2d2_atari:
             patch.setattr(module, "play", lambda *a, **k: [0.0])  # the envpool games before the video
@@ -167,12 +167,12 @@ def test_the_video_records_the_game_as_trained_and_scored(module, monkeypatch, t
     args, kwargs = video_env_of(module, tmp_path)
     training = make_training_env(module, "Breakout-v5", seed=5)
     config = training.spec.config
-    given = inspect.signature(plumbing.make_video_env).bind(*args, **kwargs)
+    given = inspect.signature(environments.make_video_env).bind(*args, **kwargs)
     given.apply_defaults()
     assert given.arguments["max_episode_steps"] == config.max_episode_steps  # the same cap
     assert given.arguments["episodic_life"] == config.episodic_life  # the same serving after a lost life
     assert given.arguments["frame_stack"] == config.stack_num
-    video = plumbing.make_video_env(*args, **kwargs)
+    video = environments.make_video_env(*args, **kwargs)
     import gymnasium as gym
 
     video = gym.vector.SyncVectorEnv([lambda: video])
@@ -189,7 +189,7 @@ def test_every_atari_training_loop_counts_a_game_over_on_the_capped_step_as_term
     r2d2_atari test above runs it end to end)."""
     source = inspect.getsource(module.main)
     step = source.index(" = envs.step(")
-    assert "plumbing.terminated_at_step_cap(terminated, truncated, info" in source[step : source.index("\n", step) + 400]
+    assert "environments.terminated_at_step_cap(terminated, truncated, info" in source[step : source.index("\n", step) + 400]
 
 
 # ---------------------------------------------------------------- the protocol stated in the docs

@@ -1,5 +1,5 @@
 """Every bad flag is refused before anything is built: one line that starts with `error: --<the flag>=`, and no run
-directory. Nothing trains here: `plumbing.Run` is replaced by a stand-in that fails the test if a run would start."""
+directory. Nothing trains here: `training_run.Run` is replaced by a stand-in that fails the test if a run would start."""
 
 import math
 
@@ -17,7 +17,7 @@ from cleanrl import (
     recurrent_iqn,
     recurrent_iqn_atari,
 )
-from cleanrl_q_utils import plumbing
+from cleanrl_q_utils import training_run
 
 SCRIPTS = [pqn, pqn_atari_envpool, pqn_atari_envpool_lstm, dqn_dueling_per, iqn, iqn_atari, r2d2, r2d2_atari]
 SCRIPTS += [recurrent_iqn, recurrent_iqn_atari]
@@ -65,7 +65,7 @@ def test_a_bad_flag_is_refused_in_one_line_before_anything_is_built(module, flag
     def would_start(*args, **kwargs):
         raise AssertionError(f"--{flag}={value} was accepted: a run would start")
 
-    monkeypatch.setattr(plumbing, "Run", would_start)
+    monkeypatch.setattr(training_run, "Run", would_start)
     with pytest.raises(SystemExit) as refusal:
         module.main(module.Args(**{flag: value}))
     message = str(refusal.value.code)
@@ -76,7 +76,7 @@ def test_a_bad_flag_is_refused_in_one_line_before_anything_is_built(module, flag
 @pytest.mark.parametrize("module", SCRIPTS, ids=lambda module: module.__name__.split(".")[-1])
 def test_fresh_envs_without_a_resume_are_refused_in_one_line(module, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(plumbing, "Run", lambda *args, **kwargs: pytest.fail("a run would start"))
+    monkeypatch.setattr(training_run, "Run", lambda *args, **kwargs: pytest.fail("a run would start"))
     with pytest.raises(SystemExit, match=r"^error: --resume-fresh-envs=True: only with --resume PATH"):
         module.main(module.Args(resume_fresh_envs=True))
     assert not (tmp_path / "runs").exists()
@@ -88,7 +88,7 @@ def test_track_without_a_weights_and_biases_login_is_refused_before_the_run_fold
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
-    monkeypatch.setattr(plumbing, "Run", lambda *args, **kwargs: pytest.fail("a run would start"))
+    monkeypatch.setattr(training_run, "Run", lambda *args, **kwargs: pytest.fail("a run would start"))
     with pytest.raises(SystemExit, match=r"^error: --track: no Weights & Biases login found"):
         module.main(module.Args(track=True))
     assert not (tmp_path / "runs").exists()
@@ -103,7 +103,7 @@ def test_a_total_between_two_whole_iterations_is_rounded_up_and_said(module, mon
         raise Started(args)
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(plumbing, "Run", start)
+    monkeypatch.setattr(training_run, "Run", start)
     asked = module.Args().total_timesteps + 1
     with pytest.raises(Started) as started:
         module.main(module.Args(total_timesteps=asked))

@@ -217,15 +217,15 @@ def test_report_cli_writes_markdown_and_plot(runs_dir, tmp_path):
 
 
 def test_names_of_runs_started_in_the_same_second_are_read(tmp_path, monkeypatch):
-    """plumbing.new_run_name gives the second run of a name in one second the suffix _2, the third _3."""
+    """run_folder.new_run_name gives the second run of a name in one second the suffix _2, the third _3."""
     from types import SimpleNamespace
 
-    from cleanrl_q_utils import plumbing
+    from cleanrl_q_utils import run_folder
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(time, "time", lambda: 1700000000.5)
     args = SimpleNamespace(env_id="CartPole-v1", exp_name="pqn", seed=4)
-    names = [plumbing.new_run_name(args) for _ in range(3)]
+    names = [run_folder.new_run_name(args) for _ in range(3)]
     assert names[1:] == [names[0] + "_2", names[0] + "_3"]
     assert [report.parse_run_name(name)["suffix"] for name in names] == [1, 2, 3]
     assert {report.parse_run_name(name)["seed"] for name in names} == {4}

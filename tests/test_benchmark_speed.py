@@ -5,7 +5,7 @@ import time
 import pytest
 from benchmark_runs import SHORT_PQN, load_benchmark_module, run_pqn
 
-from cleanrl_q_utils import plumbing
+from cleanrl_q_utils import episode_scores
 
 steady_sps = load_benchmark_module("steady_sps")
 
@@ -27,10 +27,10 @@ def test_reads_the_progress_line_of_a_real_run(pqn_output):
 
 
 def progress_lines(monkeypatch, capsys, points):
-    """The lines plumbing.Progress (what every script prints) writes at the given (second, step) points."""
+    """The lines episode_scores.Progress (what every script prints) writes at the given (second, step) points."""
     clock = {"now": 1000.0}
     monkeypatch.setattr(time, "time", lambda: clock["now"])
-    progress = plumbing.Progress(total_timesteps=100_000, start_step=0)
+    progress = episode_scores.Progress(total_timesteps=100_000, start_step=0)
     capsys.readouterr()
     for seconds, step in points:
         clock["now"] = 1000.0 + seconds

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from cleanrl import iqn, iqn_atari
-from cleanrl_q_utils.plumbing import read_checkpoint
+from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
-from interrupts import interrupt_at_step
+from interrupts import interrupt_at_step, run_until_stopped
 
 # CartPole with small nets: learning starts at step 200, one update per iteration of the 4 environments.
 SMALL = dict(total_timesteps=2000, num_envs=4, learning_starts=200, buffer_size=2000, batch_size=32,
@@ -44,8 +44,7 @@ def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
     previous = signal.getsignal(signal.SIGINT)
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn, 50)
-        scores = iqn.main(iqn.Args(**SMALL, save_model=True))
-    assert isinstance(scores, list)
+        run_until_stopped(iqn.main, iqn.Args(**SMALL, save_model=True))
     assert signal.getsignal(signal.SIGINT) is previous  # the handlers are given back
     path = checkpoint_path(tmp_path)
     assert not path.with_suffix(".pt.tmp").exists()
@@ -53,7 +52,7 @@ def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
     ckpt, state = load(path), load(path)["state"]
     assert ckpt["global_step"] == 200 and state["iteration"] == 50  # stopped after the step that got the signal
     assert state["action_log"].shape == (50, 4) and state["action_log"].dtype == np.uint8
-    assert "rb" not in state and state["stats"]["scores"] == scores
+    assert "rb" not in state and len(state["stats"]["scores"]) > 0  # the games finished before the stop
 
 
 def test_resume_is_bitwise_exact(tmp_path, monkeypatch):
@@ -67,7 +66,7 @@ def test_resume_is_bitwise_exact(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn, 240)
-        iqn.main(iqn.Args(**flags))
+        run_until_stopped(iqn.main, iqn.Args(**flags))
     path = checkpoint_path(tmp_path / "b")
     assert load(path)["global_step"] == 960  # interrupted before the periodic checkpoint at step 1000
     scores_b = iqn.main(iqn.Args(resume=str(path), checkpoint_every=1000, cuda=False))
@@ -90,7 +89,7 @@ def test_resume_without_replay_refills_the_buffer(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn, 100)  # step 400: learning has started, the buffer is not stored
-        iqn.main(iqn.Args(**dict(SMALL, total_timesteps=1000)))
+        run_until_stopped(iqn.main, iqn.Args(**dict(SMALL, total_timesteps=1000)))
     path = checkpoint_path(tmp_path)
     updates_before = load(path)["state"]["updates"]
     scores = iqn.main(iqn.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
@@ -113,7 +112,7 @@ def test_unreadable_checkpoint_is_refused(damage, tmp_path, monkeypatch):
     if damage == "truncated":
         with monkeypatch.context() as m:
             interrupt_at_step(m, iqn, 3)
-            iqn.main(iqn.Args(**SMALL))
+            run_until_stopped(iqn.main, iqn.Args(**SMALL))
         data = checkpoint_path(tmp_path).read_bytes()
         path.write_bytes(data[: len(data) // 2])
     elif damage == "garbage":
@@ -179,7 +178,7 @@ def test_atari_sigint_checkpoint_and_resume_without_replay(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn_atari, 90)  # step 180: after learning started
-        iqn_atari.main(iqn_atari.Args(**ATARI_TINY))
+        run_until_stopped(iqn_atari.main, iqn_atari.Args(**ATARI_TINY))
     path = checkpoint_path(tmp_path)
     ckpt = load(path)
     assert ckpt["global_step"] == 180 and ckpt["state"]["obs"].shape == (2, 4, 84, 84) and "rb" not in ckpt["state"]
@@ -198,7 +197,7 @@ def test_atari_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn_atari, 85)  # step 170: between updates (learning starts after step 160)
-        iqn_atari.main(iqn_atari.Args(**flags))
+        run_until_stopped(iqn_atari.main, iqn_atari.Args(**flags))
     path = checkpoint_path(tmp_path / "b")
     scores_b = iqn_atari.main(iqn_atari.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
     state_a, state_b = final_a["state"], load(path)["state"]
@@ -227,7 +226,7 @@ def test_tracked_resume_continues_the_wandb_run(offline_wandb, monkeypatch):
     flags = dict(SMALL, total_timesteps=400, track=True)
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn, 50)
-        iqn.main(iqn.Args(**flags))
+        run_until_stopped(iqn.main, iqn.Args(**flags))
     path = checkpoint_path(offline_wandb.parent)
     run_id = load(path)["wandb_id"]
     assert run_id is not None

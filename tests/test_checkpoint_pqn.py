@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from cleanrl import pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
-from cleanrl_q_utils.plumbing import read_checkpoint
+from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
-from interrupts import interrupt_at_step
+from interrupts import interrupt_at_step, run_until_stopped
 
 # 4 envs x 16 steps: 64 agent steps per iteration, 32 iterations, a periodic checkpoint at 1024 and one at the end.
 SMALL = dict(total_timesteps=2048, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2, checkpoint_every=1024)
@@ -38,7 +38,7 @@ def test_sigint_leaves_a_checkpoint_and_restores_handlers(monkeypatch, tmp_path)
     monkeypatch.chdir(tmp_path)
     handler_before = signal.getsignal(signal.SIGINT)
     interrupt_at_step(monkeypatch, pqn, k=40)  # in the 3rd iteration (steps 32..47)
-    pqn.main(pqn.Args(**{**SMALL, "checkpoint_every": 0}))
+    run_until_stopped(pqn.main, pqn.Args(**{**SMALL, "checkpoint_every": 0}))
     state = load(only_run_dir(tmp_path) / "checkpoint.pt")
     assert state["global_step"] == 3 * 64 and state["state"]["iteration"] == 3
     action_log = state["state"]["action_log"]
@@ -56,7 +56,7 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(monkeypatch, tmp_path)
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, pqn, k=250)  # around agent step 1000
-        pqn.main(pqn.Args(**SMALL))
+        run_until_stopped(pqn.main, pqn.Args(**SMALL))
     run_b = only_run_dir(tmp_path / "b")
     assert load(run_b / "checkpoint.pt")["global_step"] == 1024
     # TensorBoard reads event files in name order: the wall-clock second, then a per-process writer counter that
@@ -157,7 +157,7 @@ def test_atari_sigint_checkpoint_and_exact_resume(module, monkeypatch, tmp_path)
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, module, k=5)  # in the 1st iteration
-        module.main(module.Args(**args))
+        run_until_stopped(module.main, module.Args(**args))
     path = only_run_dir(tmp_path / "b") / "checkpoint.pt"
     assert load(path)["global_step"] == 64
     # The resume replays the 16 logged steps of real Atari envs and checks it reaches the stored observation.
@@ -173,7 +173,7 @@ def test_tracked_resume_continues_the_same_wandb_run(offline_wandb, monkeypatch)
     args = dict(track=True, total_timesteps=256, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1)
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, pqn, k=5)
-        pqn.main(pqn.Args(**args))
+        run_until_stopped(pqn.main, pqn.Args(**args))
     path = only_run_dir(offline_wandb.parent) / "checkpoint.pt"
     run_id = load(path)["wandb_id"]
     pqn.main(pqn.Args(resume=str(path), track=True, checkpoint_every=256))
@@ -189,7 +189,7 @@ def test_a_launcher_repeating_the_command_resumes_a_run_whose_total_was_rounded_
     command += ["--update-epochs", "2", "--checkpoint-every", "1024"]
     interrupt_at_step(monkeypatch, pqn, k=40)
     monkeypatch.setattr("sys.argv", command)
-    pqn.main(pqn.Args(**flags))
+    run_until_stopped(pqn.main, pqn.Args(**flags))
     assert "--total-timesteps=2000 rounded up to 2048" in capsys.readouterr().out
     path = str(only_run_dir(tmp_path) / "checkpoint.pt")
     assert load(path)["args"]["total_timesteps"] == 2048

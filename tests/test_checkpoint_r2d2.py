@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from cleanrl import r2d2, r2d2_atari
-from cleanrl_q_utils.plumbing import read_checkpoint, to_safe
+from cleanrl_q_utils.checkpoint_files import read_checkpoint, to_safe
 
-from interrupts import interrupt_at_step
+from interrupts import interrupt_at_step, run_until_stopped
 
 TINY = dict(
     total_timesteps=2000,
@@ -73,7 +73,7 @@ def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     interrupt_at_step(monkeypatch, r2d2, 100)
     previous = signal.getsignal(signal.SIGINT)
-    r2d2.main(r2d2.Args(**TINY))
+    run_until_stopped(r2d2.main, r2d2.Args(**TINY))
     assert signal.getsignal(signal.SIGINT) is previous  # handlers restored
     checkpoint = load(only_checkpoint())
     assert checkpoint["global_step"] == 100 * 4
@@ -93,7 +93,7 @@ def test_resumed_run_is_bitwise_identical(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2, 237)  # step 948: learning has begun, the replay holds open windows
-        r2d2.main(r2d2.Args(**args))
+        run_until_stopped(r2d2.main, r2d2.Args(**args))
     interrupted = load(only_checkpoint())
     assert interrupted["global_step"] == 948 and interrupted["state"]["updates"] > 0
     assert len(interrupted["state"]["rb"]["open"])
@@ -115,7 +115,7 @@ def test_resume_without_replay_collects_before_learning(tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2, 150)
-        r2d2.main(r2d2.Args(**TINY))
+        run_until_stopped(r2d2.main, r2d2.Args(**TINY))
     updates_at_stop = load(only_checkpoint())["state"]["updates"]
     with pytest.raises(SystemExit, match=r"^error: --buffer-size=123: cannot change on resume"):
         r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, cuda=False, buffer_size=123))
@@ -131,7 +131,7 @@ def test_unreadable_checkpoints_stop_with_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2, 20)
-        r2d2.main(r2d2.Args(**TINY))
+        run_until_stopped(r2d2.main, r2d2.Args(**TINY))
     data = open(only_checkpoint(), "rb").read()
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all" * 100)
@@ -195,7 +195,7 @@ def test_atari_resumed_run_is_bitwise_identical(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2_atari, 80)
-        r2d2_atari.main(r2d2_atari.Args(**args))
+        run_until_stopped(r2d2_atari.main, r2d2_atari.Args(**args))
     checkpoint = load(only_checkpoint())
     assert checkpoint["global_step"] == 160 and checkpoint["state"]["updates"] > 0
     assert checkpoint["state"]["stack"].shape == (2, 4, 84, 84)
@@ -221,7 +221,7 @@ def test_tracked_run_resumes_its_wandb_run(offline_wandb, monkeypatch):
     monkeypatch.setattr(wandb, "init", recording_init)
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2, 20)
-        r2d2.main(r2d2.Args(**dict(TINY, total_timesteps=400), track=True))
+        run_until_stopped(r2d2.main, r2d2.Args(**dict(TINY, total_timesteps=400), track=True))
     saved_id = load(only_checkpoint())["wandb_id"]
     r2d2.main(r2d2.Args(resume=only_checkpoint(), track=True, cuda=False))
     assert ids == [(None, saved_id), (saved_id, saved_id)]

@@ -12,9 +12,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cleanrl import recurrent_iqn, recurrent_iqn_atari
-from cleanrl_q_utils.plumbing import read_checkpoint
+from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
-from interrupts import interrupt_at_step
+from interrupts import interrupt_at_step, run_until_stopped
 
 TINY = dict(
     lstm_size=8,
@@ -52,7 +52,7 @@ def test_sigint_writes_checkpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     interrupt_at_step(monkeypatch, recurrent_iqn, 50)
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    recurrent_iqn.main(vector_args(save_model=True))
+    run_until_stopped(recurrent_iqn.main, vector_args(save_model=True))
     (path,) = glob.glob("runs/*/checkpoint.pt")
     checkpoint = load(path)
     assert checkpoint["global_step"] == 50 * 4 and checkpoint["state"]["rb"] is None
@@ -92,7 +92,7 @@ def test_resumed_run_is_bitwise_the_uninterrupted_run(name, tmp_path, monkeypatc
 
     monkeypatch.chdir(tmp_path / "b")
     interrupt_at_step(monkeypatch, module, interrupt_at)  # between two periodic checkpoints
-    module.main(module.Args(**flags))
+    run_until_stopped(module.main, module.Args(**flags))
     path_b = checkpoint_path()
     interrupted = load(path_b)
     assert interrupted["global_step"] == interrupt_at * 4 and interrupted["state"]["updates"] > 0
@@ -113,7 +113,7 @@ def test_resumed_run_is_bitwise_the_uninterrupted_run(name, tmp_path, monkeypatc
 def test_resume_without_replay_waits_for_learning_starts(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     interrupt_at_step(monkeypatch, recurrent_iqn, 100)
-    recurrent_iqn.main(vector_args())
+    run_until_stopped(recurrent_iqn.main, vector_args())
     (path,) = glob.glob("runs/*/checkpoint.pt")
     assert load(path)["state"]["updates"] > 0
     train_step, filled = recurrent_iqn.train_step, []  # steps per environment in the replay at each update
@@ -126,7 +126,7 @@ def test_resume_without_replay_waits_for_learning_starts(tmp_path, monkeypatch):
 def test_unreadable_checkpoint_is_refused(damage, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     interrupt_at_step(monkeypatch, recurrent_iqn, 10)
-    recurrent_iqn.main(vector_args(total_timesteps=400))
+    run_until_stopped(recurrent_iqn.main, vector_args(total_timesteps=400))
     (path,) = glob.glob("runs/*/checkpoint.pt")
     data = open(path, "rb").read()
     with open(path, "wb") as f:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanrl_q_utils import plumbing
+from cleanrl_q_utils import command_line
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(path.stem for path in (REPO / "cleanrl").glob("*.py") if path.stem != "__init__")
@@ -90,15 +90,15 @@ def test_each_exception_is_needed_and_each_of_its_groups_has_one_wording(field):
 
 
 def test_every_field_named_in_the_help_groups_exists():
-    """A stale name in plumbing.HELP_GROUPS would silently move nothing."""
-    named = [name for names in plumbing.HELP_GROUPS.values() for name in names]
+    """A stale name in command_line.HELP_GROUPS would silently move nothing."""
+    named = [name for names in command_line.HELP_GROUPS.values() for name in names]
     assert len(named) == len(set(named))
     assert set(named) <= {field for docs in DOCS.values() for field in docs}
 
 
 def grouped_help(script: str, capsys) -> str:
     module = importlib.import_module(f"cleanrl.{script}")
-    plumbing.print_grouped_help(module.Args, module.__doc__)
+    command_line.print_grouped_help(module.Args, module.__doc__)
     return capsys.readouterr().out
 
 
@@ -110,7 +110,7 @@ def test_help_lists_every_flag_once_under_its_group(script, capsys, monkeypatch)
     first_line = module.__doc__.strip().split("\n")[0]
     assert text.startswith(first_line[:60]) and "\nusage: python " in text
     headings = [line[:-1] for line in text.splitlines() if line and not line[0].isspace() and line.endswith(":")]
-    assert headings == [group for group in plumbing.HELP_GROUPS if group in headings]
+    assert headings == [group for group in command_line.HELP_GROUPS if group in headings]
     assert headings[:3] == ["run", "environment", "algorithm"] and headings[-2:] == ["checkpoints", "evaluation"]
     group, seen = None, []
     lines = text.splitlines()
@@ -125,13 +125,13 @@ def test_help_lists_every_flag_once_under_its_group(script, capsys, monkeypatch)
     seen = dict(seen)
     for field in fields:
         flag = "--" + field.name.replace("_", "-")
-        expected = next((g for g, names in plumbing.HELP_GROUPS.items() if field.name in names), "algorithm")
+        expected = next((g for g, names in command_line.HELP_GROUPS.items() if field.name in names), "algorithm")
         assert seen[flag] == expected, flag
         if field.type in (bool, "bool"):
             assert f"  {flag} / --no-{flag[2:]}  (default: {field.default})" in text
         else:
             assert any(line.startswith(f"  {flag} ") and line.endswith(f"(default: {field.default})") for line in lines)
-    expected_groups = {  # where a user looks for these flags, written out apart from plumbing.HELP_GROUPS
+    expected_groups = {  # where a user looks for these flags, written out apart from command_line.HELP_GROUPS
         "--seed": "run",
         "--cuda": "run",
         "--wandb-entity": "run",

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from cleanrl import dqn_dueling_per, iqn, iqn_atari, pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
-from cleanrl_q_utils.plumbing import read_checkpoint
+from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
-from interrupts import interrupt_at_step
+from interrupts import interrupt_at_step, run_until_stopped
 
 
 def load(path):
@@ -22,7 +22,7 @@ def interrupt_then_resume_fresh(module, monkeypatch, capsys, flags: dict, k: int
     Returns the saved state of the interrupted run and that of the finished one."""
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, module, k)
-        module.main(module.Args(**flags, cuda=False))
+        run_until_stopped(module.main, module.Args(**flags, cuda=False))
     (path,) = Path("runs").glob("*/checkpoint.pt")
     before, make_env, steps = load(path), module.make_env, []
 
@@ -154,12 +154,12 @@ def test_an_exact_resume_after_a_fresh_one_replays_only_the_steps_since_the_cut(
         monkeypatch.chdir(run_dir)
         with monkeypatch.context() as patch:
             interrupt_at_step(patch, pqn, 40)  # in the 3rd of 16 iterations
-            pqn.main(pqn.Args(**flags, cuda=False))
+            run_until_stopped(pqn.main, pqn.Args(**flags, cuda=False))
         (path,) = Path("runs").glob("*/checkpoint.pt")
         with monkeypatch.context() as patch:
             if second_stop:
                 interrupt_at_step(patch, pqn, second_stop)  # within the fresh run, after 4 more iterations
-            pqn.main(pqn.Args(resume=str(path), resume_fresh_envs=True, checkpoint_every=10**6, cuda=False))
+            run_until_stopped(pqn.main, pqn.Args(resume=str(path), resume_fresh_envs=True, checkpoint_every=10**6, cuda=False))
         if second_stop:
             cut, stop = load(path)["envs_start"], load(path)["global_step"]
             assert 0 < cut < stop < 1024

@@ -13,16 +13,16 @@ from test_checkpoint_r2d2 import TINY_ATARI as R2D2_TINY_ATARI
 from test_checkpoint_recurrent_iqn import TINY as RIQN_TINY
 
 from cleanrl import r2d2, r2d2_atari, recurrent_iqn, recurrent_iqn_atari
-from cleanrl_q_utils.plumbing import read_checkpoint
+from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
-from interrupts import interrupt_at_step
+from interrupts import interrupt_at_step, run_until_stopped
 
 
 def interrupted_then_resumed_fresh(module, flags, interrupt_at, monkeypatch, capsys):
     """Runs `flags` until the envs.step call `interrupt_at`, resumes it with fresh envs; returns both checkpoints."""
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, module, interrupt_at)
-        module.main(module.Args(**flags))
+        run_until_stopped(module.main, module.Args(**flags))
     (path,) = glob.glob("runs/*/checkpoint.pt")
     cut = read_checkpoint(path)
     capsys.readouterr()

@@ -10,9 +10,9 @@ import torch
 from benchmark_runs import load_benchmark_module
 
 from cleanrl import dqn_dueling_per, iqn, iqn_atari, pqn, r2d2, recurrent_iqn
-from cleanrl_q_utils import minatar, plumbing
+from cleanrl_q_utils import checkpoint_files, flag_checks, minatar
 
-from interrupts import interrupt_at_step
+from interrupts import interrupt_at_step, run_until_stopped
 from learning import last_mean, passes_with_one_of
 
 pytest.importorskip("minatar", reason='MinAtar is an optional extra: pip install -e ".[minatar]"')
@@ -76,7 +76,7 @@ def test_without_the_extra_a_minatar_id_is_refused_in_one_line_naming_it(monkeyp
     monkeypatch.setitem(sys.modules, "minatar", None)  # what an environment without the package gives
     monkeypatch.setitem(sys.modules, "minatar.gym", None)
     with pytest.raises(SystemExit) as stop:
-        plumbing.check_env_id("MinAtar/Breakout-v0", atari=False)
+        flag_checks.check_env_id("MinAtar/Breakout-v0", atari=False)
     message = str(stop.value)
     assert message.startswith("error: --env-id=MinAtar/Breakout-v0:") and 'pip install -e ".[minatar]"' in message
     assert "\n" not in message
@@ -84,7 +84,7 @@ def test_without_the_extra_a_minatar_id_is_refused_in_one_line_naming_it(monkeyp
 
 def test_unknown_minatar_ids_and_atari_scripts_are_refused_in_one_line():
     with pytest.raises(SystemExit, match=r"^error: --env-id=MinAtar/Pong-v0: not a MinAtar id; there are .*Breakout"):
-        plumbing.check_env_id("MinAtar/Pong-v0", atari=False)
+        flag_checks.check_env_id("MinAtar/Pong-v0", atari=False)
     with pytest.raises(SystemExit, match=r"^error: --env-id=MinAtar/Breakout-v0: a MinAtar game: this script needs an Atari"):
         iqn_atari.validate_args(iqn_atari.Args(env_id="MinAtar/Breakout-v0"))
 
@@ -119,13 +119,14 @@ def test_a_resumed_minatar_run_is_the_uninterrupted_one(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path / "resumed")
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, pqn, k=80)  # in the 3rd of 4 rollouts of 32 steps: stops at step 2048
-        pqn.main(pqn.Args(**flags))
+        run_until_stopped(pqn.main, pqn.Args(**flags))
     (run_dir,) = (tmp_path / "resumed" / "runs").iterdir()
     time.sleep(1.0)  # TensorBoard orders event files by their second
     resumed = pqn.main(pqn.Args(**flags, resume=str(run_dir / "checkpoint.pt")))
     assert resumed == whole and len(whole) > 10
     ends = [
-        plumbing.read_checkpoint(str(next((tmp_path / f / "runs").iterdir()) / "checkpoint.pt")) for f in ("whole", "resumed")
+        checkpoint_files.read_checkpoint(str(next((tmp_path / f / "runs").iterdir()) / "checkpoint.pt"))
+        for f in ("whole", "resumed")
     ]
     assert ends[0]["global_step"] == ends[1]["global_step"] == 4096
     for name, weight in ends[0]["state"]["q_network"].items():

@@ -16,7 +16,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils.plumbing import EpisodeStats, Run, check_flags, read_checkpoint, resume
+from cleanrl_q_utils.checkpoint_files import read_checkpoint
+from cleanrl_q_utils.command_line import resume
+from cleanrl_q_utils.episode_scores import EpisodeStats
+from cleanrl_q_utils.flag_checks import check_flags
+from cleanrl_q_utils.training_run import Run
 
 FORMAT = 7
 
@@ -51,13 +55,15 @@ def in_tmp(monkeypatch, tmp_path):
 
 def test_first_signal_asks_for_a_checkpointed_stop_and_handlers_are_restored_on_every_exit():
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-    with start() as run:
-        assert signal.getsignal(signal.SIGINT) != before[0]
-        assert not run.checkpoint_or_stop(10, 10, False, lambda: {"x": 1})
-        assert not os.path.exists(run.checkpoint_path)  # --checkpoint-every 0: none without a signal
-        signal.raise_signal(signal.SIGTERM)
-        assert run.checkpoint_or_stop(20, 10, False, lambda: {"x": 2}) and run.stopped
-        assert read_checkpoint(run.checkpoint_path)["global_step"] == 20
+    with pytest.raises(SystemExit) as stop:  # the stopped run leaves its block with 128 + the signal's number
+        with start() as run:
+            assert signal.getsignal(signal.SIGINT) != before[0]
+            assert not run.checkpoint_or_stop(10, 10, False, lambda: {"x": 1})
+            assert not os.path.exists(run.checkpoint_path)  # --checkpoint-every 0: none without a signal
+            signal.raise_signal(signal.SIGTERM)
+            assert run.checkpoint_or_stop(20, 10, False, lambda: {"x": 2}) and run.stopped
+            assert read_checkpoint(run.checkpoint_path)["global_step"] == 20
+    assert stop.value.code == 128 + signal.SIGTERM
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
     with pytest.raises(SystemExit) as stop:  # a second signal exits at once, with 128 + its number
@@ -81,10 +87,10 @@ def test_a_signal_arriving_while_a_checkpoint_is_written_is_answered_by_the_next
         signal.raise_signal(signal.SIGINT)
         return {"x": 1}
 
-    with start(Args(checkpoint_every=10)) as run:
+    with pytest.raises(SystemExit), start(Args(checkpoint_every=10)) as run:
         assert not run.checkpoint_or_stop(10, 10, False, state_with_signal)  # due, and the signal comes meanwhile
         assert run.checkpoint_or_stop(15, 5, False, lambda: {"x": 2})
-        assert read_checkpoint(run.checkpoint_path)["global_step"] == 15
+    assert read_checkpoint(run.checkpoint_path)["global_step"] == 15
 
 
 @pytest.mark.parametrize(
@@ -106,7 +112,7 @@ def run_child(code, tmp_path):
         import sys, signal, time, torch
         sys.path.insert(0, {os.getcwd()!r})
         sys.path.insert(0, {os.path.dirname(__file__)!r})
-        from cleanrl_q_utils import plumbing
+        from cleanrl_q_utils import command_line, episode_scores, training_run
         from test_plumbing import Args, SCRIPT
         """
     )
@@ -123,11 +129,11 @@ def test_a_run_stopped_by_a_signal_exits_with_128_plus_its_number(tmp_path):
     process = run_child(
         """
         def main(args):
-            with plumbing.Run(args, None, SCRIPT, 7) as run:
+            with training_run.Run(args, None, SCRIPT, 7) as run:
                 signal.raise_signal(signal.SIGTERM)
                 assert run.checkpoint_or_stop(1, 1, False, lambda: {"x": 1})
         sys.argv = ["toy"]
-        plumbing.cli(main, Args)
+        command_line.cli(main, Args)
         """,
         tmp_path,
     )
@@ -138,7 +144,7 @@ def test_a_run_stopped_by_a_signal_exits_with_128_plus_its_number(tmp_path):
 def test_a_second_signal_during_a_large_write_exits_cleanly_and_leaves_the_last_checkpoint(tmp_path):
     process = run_child(
         """
-        with plumbing.Run(Args(), None, SCRIPT, 7) as run:
+        with training_run.Run(Args(), None, SCRIPT, 7) as run:
             run.save(1, {"big": torch.ones(10)})
             big = torch.ones(300_000_000)  # 1.2 GB: seconds to check and write
             print("saving", flush=True)
@@ -165,7 +171,7 @@ def test_a_killed_save_leaves_the_previous_checkpoint_whole(tmp_path):
         f"""
         import sys, torch
         sys.path.insert(0, {os.getcwd()!r})
-        from cleanrl_q_utils.plumbing import Run
+        from cleanrl_q_utils.training_run import Run
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_plumbing import Args, SCRIPT
         run = Run(Args(), None, SCRIPT, 7)
@@ -214,7 +220,7 @@ def test_resume_keeps_the_checkpoints_flags_unless_given_and_a_given_flag_wins_w
 
 
 def test_the_resume_hint_works_from_any_directory(capsys, tmp_path, monkeypatch):
-    with start() as run:
+    with pytest.raises(SystemExit), start() as run:
         signal.raise_signal(signal.SIGINT)
         run.checkpoint_or_stop(10, 10, False, lambda: {"x": 1})
     hint = capsys.readouterr().out.splitlines()[-1].split()
@@ -288,7 +294,7 @@ def test_a_file_whose_unpickling_would_run_code_is_refused_without_running_it(tm
     import pickle
     import warnings
 
-    from cleanrl_q_utils.plumbing import read_model_file
+    from cleanrl_q_utils.model_files import read_model_file
 
     marker, path = tmp_path / "ran", str(tmp_path / "evil.pt")
     with start(Args(checkpoint_every=1)) as run:
@@ -318,7 +324,7 @@ def test_a_file_whose_unpickling_would_run_code_is_refused_without_running_it(tm
 
 
 def test_weights_of_another_network_are_refused_in_one_line(tmp_path):
-    from cleanrl_q_utils.plumbing import load_weights
+    from cleanrl_q_utils.model_files import load_weights
 
     path = str(tmp_path / "other.cleanrl_model")
     torch.save(nn.Linear(3, 2).state_dict(), path)  # bare weights, as an older or another script wrote them
@@ -516,8 +522,8 @@ class CountingEnvs:
         return (self.position.copy(), np.ones(2, dtype=np.float32), np.zeros(2, bool), np.zeros(2, bool), {})
 
 
-def fast_forward(run, envs, log, obs, flags=(), stats=None):
-    return run.fast_forward(envs, log, obs, flags, stats or EpisodeStats(2))
+def fast_forward(run, envs, log, obs, stats=None):
+    return run.fast_forward(envs, log, obs, stats or EpisodeStats(2))
 
 
 def test_fast_forward_replays_the_logged_actions_and_detects_divergence():
@@ -529,21 +535,21 @@ def test_fast_forward_replays_the_logged_actions_and_detects_divergence():
             fast_forward(run, CountingEnvs(), log, np.array([4, 7]))
 
 
-def test_a_fresh_resume_steps_nothing_drops_the_games_in_progress_and_makes_the_next_step_a_reset_step(capsys):
+def test_a_fresh_resume_steps_nothing_counts_the_dropped_games_and_leaves_the_scripts_state_to_the_script(capsys):
     with start(Args(checkpoint_every=1)) as run:
         path = run.save(40, {"x": 1})
     args, checkpoint = resume(Args(resume=path, resume_fresh_envs=True), SCRIPT, FORMAT)
     assert args.resume_fresh_envs
     with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
         assert resumed.env_seed == args.seed + 40  # new games, not the run's first ones again
-        stats, is_reset_step, starts_game = EpisodeStats(2), np.array([False, True]), np.array([False, False])
+        stats = EpisodeStats(2)
         stats.returns[:], stats.lengths[:] = [5.0, 0.0], [5, 0]  # env 0 is in a game, env 1 at its reset step
         inner = CountingEnvs()
-        envs, obs = fast_forward(
-            resumed, inner, np.ones((20, 2), np.uint8), np.array([7, 7]), (is_reset_step, starts_game), stats
-        )
+        envs, obs = fast_forward(resumed, inner, np.ones((20, 2), np.uint8), np.array([7, 7]), stats)
         assert inner.steps == 0 and list(obs) == [7, 7]  # nothing replayed; the loop acts once more from the old obs
-        assert is_reset_step.all() and starts_game.all() and not stats.returns.any() and stats.scores == []
+        assert list(stats.returns) == [5.0, 0.0] and list(stats.lengths) == [5, 0]  # read, not changed: the script drops
+        stats.drop_games_in_progress()
+        assert not stats.returns.any() and not stats.lengths.any() and stats.scores == []
         assert (
             "fresh environments (40 logged agent steps not replayed); 1 games in progress dropped" in capsys.readouterr().out
         )
@@ -588,7 +594,8 @@ def test_episode_stats_counts_whole_episodes_without_the_reset_step():
 
 
 def test_a_model_file_and_a_checkpoint_are_not_taken_for_each_other(tmp_path):
-    from cleanrl_q_utils.plumbing import content_digest, read_model_file, save_model, to_safe
+    from cleanrl_q_utils.checkpoint_files import content_digest, to_safe
+    from cleanrl_q_utils.model_files import read_model_file, save_model
 
     model = str(tmp_path / "toy.cleanrl_model")
     save_model(model, SCRIPT, Args(), nn.Linear(2, 2))
@@ -610,7 +617,7 @@ def test_a_model_file_and_a_checkpoint_are_not_taken_for_each_other(tmp_path):
 
 
 def test_a_long_replay_says_how_long_it_takes_and_shows_its_progress(monkeypatch, capsys):
-    import cleanrl_q_utils.plumbing as plumbing
+    from cleanrl_q_utils import environments
 
     log = np.ones((200, 2), dtype=np.uint8)
     with start() as run:
@@ -620,7 +627,7 @@ def test_a_long_replay_says_how_long_it_takes_and_shows_its_progress(monkeypatch
             clock[0] += 0.25
             return clock[0]
 
-        monkeypatch.setattr(plumbing.time, "time", tick)
+        monkeypatch.setattr(environments.time, "time", tick)
         fast_forward(run, CountingEnvs(), log, np.array([200, 200]))
         monkeypatch.undo()
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("resume: replay")]
@@ -659,7 +666,7 @@ def test_a_learning_rate_given_on_resume_is_the_one_the_restored_optimizer_steps
 def test_gymnasium_saying_a_stopped_recording_was_not_saved_is_silenced():
     # In a child process: pytest's own warning filters (pyproject.toml) would hide the warning anyway.
     code = (
-        "import warnings, cleanrl_q_utils.plumbing\n"  # what gymnasium's RecordVideo warns when collected unclosed
+        "import warnings, cleanrl_q_utils.environments\n"  # what gymnasium's RecordVideo warns when collected unclosed
         "warnings.warn('\\x1b[33mWARN: Unable to save last video! Did you call close()?\\x1b[0m', UserWarning)\n"
         "warnings.warn('another warning', UserWarning)\n"
     )

@@ -1,5 +1,6 @@
-"""What a run tells its user (cleanrl_q_utils/plumbing.py): the start-up block, the progress line, the closing summary,
-resume messages, the --capture-video checks, and evaluating a saved model later with --eval-only."""
+"""What a run tells its user (cleanrl_q_utils: training_run.py, episode_scores.py, model_files.py): the start-up block,
+the progress line, the closing summary, resume messages, the --capture-video checks, and evaluating a saved model
+later with --eval-only."""
 
 import glob
 import importlib
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from cleanrl_q_utils import plumbing
+from cleanrl_q_utils import episode_scores
 
 # Per script, a run of a few hundred steps with a network size other than the default, so that --eval-only has to
 # rebuild it from the flags saved in the model file.
@@ -95,12 +96,12 @@ def in_tmp(monkeypatch, tmp_path):
 
 
 def test_durations_count_days_and_the_progress_line_says_percent_done(monkeypatch, capsys):
-    assert plumbing.format_duration(59) == "00:00:59"
-    assert plumbing.format_duration(86400 + 3661) == "1 day 01:01:01"
-    assert plumbing.format_duration(6 * 86400 + 8 * 3600 + 35 * 60 + 58) == "6 days 08:35:58"
+    assert episode_scores.format_duration(59) == "00:00:59"
+    assert episode_scores.format_duration(86400 + 3661) == "1 day 01:01:01"
+    assert episode_scores.format_duration(6 * 86400 + 8 * 3600 + 35 * 60 + 58) == "6 days 08:35:58"
     now = [1000.0]
-    monkeypatch.setattr(plumbing.time, "time", lambda: now[0])
-    progress = plumbing.Progress(50_000_000, 0, learning_starts=20_000, slow_hint="try the twin")
+    monkeypatch.setattr(episode_scores.time, "time", lambda: now[0])
+    progress = episode_scores.Progress(50_000_000, 0, learning_starts=20_000, slow_hint="try the twin")
     now[0] += 10
     progress.print(10_000, [])  # acting only, 1,000 SPS: no estimate yet, it would promise far too little
     now[0] += 10
@@ -119,8 +120,8 @@ def test_few_long_updates_are_timed_apart_from_acting(monkeypatch, capsys):
     """One update of 8 s every 1,000 steps, acting 1 ms a step: the time left counts both from the first update on,
     while a rate since learning started would see only the acting steps before the first update."""
     now = [0.0]
-    monkeypatch.setattr(plumbing.time, "time", lambda: now[0])
-    progress = plumbing.Progress(100_000, 0, learning_starts=1_000, interval=0.0, updates_per_step=1 / 1_000)
+    monkeypatch.setattr(episode_scores.time, "time", lambda: now[0])
+    progress = episode_scores.Progress(100_000, 0, learning_starts=1_000, interval=0.0, updates_per_step=1 / 1_000)
     for step in range(100, 2_100, 100):
         updates = 1 if step >= 2_000 else 0  # the first update, in the call of step 2,000 (with its 100 steps)
         now[0] += 0.1 + (8.0 if step == 2_000 else 0.0)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanrl_q_utils.plumbing import read_checkpoint
+from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,7 +28,7 @@ def run_child(code: str, tmp_path, **popen):
         import sys, signal, time, torch
         sys.path.insert(0, {str(ROOT)!r})
         sys.path.insert(0, {str(ROOT / "tests")!r})
-        from cleanrl_q_utils import plumbing
+        from cleanrl_q_utils import command_line, run_folder, training_run
         from test_plumbing import Args, SCRIPT
         sys.argv = ["toy"]
         """
@@ -96,13 +96,13 @@ def test_a_signal_during_training_stops_after_the_step_with_a_checkpoint(tmp_pat
     process = run_child(
         f"""
         def main(args):
-            with plumbing.Run(args, None, SCRIPT, 7) as run:
+            with training_run.Run(args, None, SCRIPT, 7) as run:
                 for step in range(1, 100):
                     if step == 3:
                         signal.raise_signal({int(signum)})
                     if run.checkpoint_or_stop(step, 1, step == 99, lambda: {{"step": step}}):
                         break
-        plumbing.cli(main, Args)
+        command_line.cli(main, Args)
         """,
         tmp_path,
     )
@@ -118,14 +118,14 @@ def test_a_run_started_with_nohup_goes_on_through_a_hangup(tmp_path):
         """
         import cleanrl_q_utils.quiet_start
         def main(args):
-            with plumbing.Run(args, None, SCRIPT, 7) as run:
+            with training_run.Run(args, None, SCRIPT, 7) as run:
                 for step in range(1, 10):
                     if step == 3:
                         signal.raise_signal(signal.SIGHUP)
                     if run.checkpoint_or_stop(step, 1, step == 9, lambda: {"step": step}):
                         break
             print("ran to step", step)
-        plumbing.cli(main, Args)
+        command_line.cli(main, Args)
         """,
         tmp_path,
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # what nohup does
@@ -138,13 +138,13 @@ def test_a_signal_after_training_exits_at_once_and_says_so_with_the_final_checkp
     process = run_child(
         """
         def main(args):
-            with plumbing.Run(args, None, SCRIPT, 7) as run:
+            with training_run.Run(args, None, SCRIPT, 7) as run:
                 assert not run.checkpoint_or_stop(10, 10, True, lambda: {"x": 1})
                 print("evaluating", flush=True)
                 time.sleep(60)  # the final evaluation
                 print("evaluation done", flush=True)
         sys.argv = ["toy", "--checkpoint-every", "5"]
-        plumbing.cli(main, Args)
+        command_line.cli(main, Args)
         """,
         tmp_path,
     )
@@ -164,11 +164,11 @@ def test_two_signals_while_a_run_starts_leave_no_run_folder(tmp_path):
             signal.raise_signal(signal.SIGTERM)
             signal.raise_signal(signal.SIGTERM)
             return {}
-        plumbing.software_versions = versions
+        run_folder.software_versions = versions
         def main(args):
-            with plumbing.Run(args, None, SCRIPT, 7):
+            with training_run.Run(args, None, SCRIPT, 7):
                 print("started", flush=True)
-        plumbing.cli(main, Args)
+        command_line.cli(main, Args)
         """,
         tmp_path,
     )
@@ -185,12 +185,12 @@ def test_a_full_disk_while_logging_ends_in_one_line_with_status_2(tmp_path):
     process = run_child(
         """
         def main(args):
-            with plumbing.Run(args, None, SCRIPT, 7) as run:
+            with training_run.Run(args, None, SCRIPT, 7) as run:
                 for step in range(1, 1_000_000):
                     run.writer.add_scalar("x", float(step), step)
                     if step % 1000 == 0:
                         run.writer.flush()
-        plumbing.cli(main, Args)
+        command_line.cli(main, Args)
         """,
         tmp_path,
         preexec_fn=small_files,
@@ -201,7 +201,7 @@ def test_a_full_disk_while_logging_ends_in_one_line_with_status_2(tmp_path):
 
 
 def test_a_read_only_working_directory_is_refused_in_one_line():
-    process = run_child("plumbing.cli(lambda args: plumbing.Run(args, None, SCRIPT, 7), Args)", "/sys")  # read-only
+    process = run_child("command_line.cli(lambda args: training_run.Run(args, None, SCRIPT, 7), Args)", "/sys")  # read-only
     out, err = process.communicate(timeout=60)
     assert process.returncode == 2 and err.strip().startswith("error: cannot create the run folder runs/")
     assert len(err.strip().splitlines()) == 1

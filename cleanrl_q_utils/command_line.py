@@ -1,0 +1,154 @@
+"""The command line: `cli` parses a script's `Args` and runs its `main`, `--help` lists the flags by group, and `resume`
+merges a checkpoint's flags with those given on the command line (which may change, which may not)."""
+
+import os
+import shutil
+import sys
+from dataclasses import fields, replace
+from typing import Optional
+
+from cleanrl_q_utils.checkpoint_files import content_digest, read_checkpoint
+from cleanrl_q_utils.flag_checks import flag_error, is_plain_name, rounded_total
+from cleanrl_q_utils.model_files import MODEL_FILE
+
+# The flags a resumed run may change from the command line: how the run is carried out and logged, what happens after
+# training, and a smaller step after a NaN stop. Every other flag keeps the checkpoint's value; giving it another one
+# stops the run, by name.
+CHANGEABLE_ON_RESUME = (
+    *("checkpoint_every", "checkpoint_replay", "track", "wandb_project_name", "wandb_entity", "cuda"),
+    *("save_model", "capture_video", "eval_episodes", "eval_epsilon"),
+    *("learning_rate", "max_grad_norm"),
+)
+
+
+# Flags added after the first checkpoints were written: a checkpoint without them resumes with their defaults.
+LATER_FLAGS = {"eval_only", "model_path", "resume_fresh_envs"}
+
+
+def resume(given, script: str, checkpoint_format: int):
+    """(args, checkpoint) of a run: `given` unchanged and no checkpoint, or with --resume the checkpoint and its flags.
+
+    A flag given on the command line wins whatever its value, if it may change on resume (CHANGEABLE_ON_RESUME);
+    another flag given with a value other than the checkpoint's stops the run, by name; a flag not given keeps the
+    checkpoint's value. What changed is listed in the start-up block (`checkpoint["changed"]`). `script` is the
+    script's path (`__file__`); a checkpoint of another script or format, or whose contents changed, stops the run."""
+    if given.resume is None:
+        if given.resume_fresh_envs:
+            flag_error("resume_fresh_envs", True, "only with --resume PATH (how to rebuild a resumed run's games)")
+        return given, None
+    if not os.path.isfile(given.resume):
+        flag_error("resume", given.resume, "not a file" if os.path.exists(given.resume) else "no such file")
+    checkpoint, names = read_checkpoint(given.resume, "resume"), {field.name for field in fields(given)}
+    if isinstance(checkpoint, dict) and checkpoint.get("kind") == MODEL_FILE:
+        flag_error("resume", given.resume, "a model file (--save-model), not a checkpoint: evaluate it with --eval-only")
+    try:
+        script = os.path.basename(script)
+        if checkpoint.get("script") != script:
+            raise ValueError(f"written by {checkpoint.get('script')}, not {script}")
+        if checkpoint["format"] != checkpoint_format or set(checkpoint["args"]) - LATER_FLAGS != names - LATER_FLAGS:
+            raise ValueError(f"format {checkpoint['format']}, expected {checkpoint_format}")
+        if content_digest({k: v for k, v in checkpoint.items() if k != "digest"}) != checkpoint["digest"]:
+            raise ValueError("its contents do not match their checksum (a damaged file)")
+        if not is_plain_name(checkpoint["run_name"]):
+            raise ValueError(f"its run name {checkpoint['run_name']!r} is not a folder name")
+        defaults = type(given)()
+        for name, value in checkpoint["args"].items():
+            default = getattr(defaults, name, None)
+            kinds = (type(default), type(None)) if default is None or not isinstance(default, float) else (float, int)
+            if name in names and default is not None and not isinstance(value, kinds) or isinstance(value, (dict, list)):
+                raise ValueError(f"its flag {name} holds {value!r}")
+    except (KeyError, TypeError, ValueError) as error:
+        flag_error("resume", given.resume, f"not a readable checkpoint ({type(error).__name__}: {error})")
+    saved = {**{name: getattr(type(given)(), name) for name in LATER_FLAGS & names}, **checkpoint["args"]}
+    # How to resume is said anew each time: --resume, and --resume-fresh-envs (fresh games, or the exact replay).
+    args, changed = replace(type(given)(**saved), resume=given.resume, resume_fresh_envs=given.resume_fresh_envs), []
+    for name in sorted(flags_given(given) - {"resume", "resume_fresh_envs"}):
+        value = getattr(given, name)
+        if value == saved[name] or name == "total_timesteps" and rounded_total(args, value) == saved[name]:
+            continue  # the same value (a launcher repeats the whole command), or the total it was rounded up to
+        if name not in CHANGEABLE_ON_RESUME:
+            changeable = ", ".join("--" + flag.replace("_", "-") for flag in CHANGEABLE_ON_RESUME if flag in names)
+            flag_error(name, value, f"cannot change on resume (the checkpoint has {saved[name]}); these can: {changeable}")
+        args = replace(args, **{name: value})
+        changed.append(f"--{name.replace('_', '-')} {saved[name]} -> {value}")
+    checkpoint["changed"] = changed
+    return args, checkpoint
+
+
+def flags_given(args) -> set[str]:
+    """The fields of `args` given on the command line (`--name`, `--name=value`, `--no-name`, with - or _), plus, for a
+    script's `main` called from Python, the fields whose values differ from the defaults."""
+    names, defaults = {field.name for field in fields(args)}, type(args)()
+    given = {name for name in names if getattr(args, name) != getattr(defaults, name)}
+    for token in sys.argv[1:]:
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0].replace("-", "_")
+            given |= {name, name[3:]} & names if name.startswith("no_") else {name} & names
+    return given
+
+
+def cli(main, args_class) -> None:
+    """A script's command line: parses the flags into `args_class` and runs `main`. A run stopped by a signal (after
+    writing its checkpoint) leaves `main` with SystemExit(128 + the signal's number): shells and schedulers tell it
+    from a finished run by that exit status."""
+    import tyro
+
+    if {"-h", "--help"} & set(sys.argv[1:]):  # tyro's help is one flat list; the flags read better by group
+        return print_grouped_help(args_class, sys.modules[args_class.__module__].__doc__)
+    main(tyro.cli(args_class))
+
+
+# `--help` groups: the fields of each, in their order in `Args`; a field not named here is an algorithm flag.
+HELP_GROUPS = {
+    "run": ("exp_name", "seed", "torch_deterministic", "cuda", "track", "wandb_project_name", "wandb_entity"),
+    "environment": ("env_id", "num_envs", "frame_stack", "max_episode_steps", "mask_velocity"),
+    "algorithm": (),
+    "replay": (
+        *("buffer_size", "batch_size", "learning_starts", "replay_ratio", "seq_len", "burn_in", "sequence_period"),
+        *("prioritized_replay", "prioritized_replay_alpha", "prioritized_replay_beta", "prioritized_replay_eps"),
+        "priority_eta",
+    ),
+    "checkpoints": ("checkpoint_every", "checkpoint_replay", "resume", "resume_fresh_envs"),
+    "evaluation": ("save_model", "capture_video", "eval_episodes", "eval_epsilon", "eval_only", "model_path"),
+}
+
+
+def print_grouped_help(args_class, script_doc: Optional[str]) -> None:
+    """`--help`: the first paragraph of the script's docstring, a usage line, then the fields of `args_class` under
+    the headings of HELP_GROUPS, each as `--flag TYPE  (default: X)` with its docstring below."""
+    import ast
+    import inspect
+    import textwrap
+    import typing
+
+    source = textwrap.dedent(inspect.getsource(args_class))
+    body = ast.parse(source).body[0].body
+    docs = {
+        statement.target.id: " ".join(following.value.value.split())
+        for statement, following in zip(body, body[1:])
+        if isinstance(statement, ast.AnnAssign)
+        and isinstance(following, ast.Expr)
+        and isinstance(following.value, ast.Constant)
+    }
+    group_of = {name: group for group, names in HELP_GROUPS.items() for name in names}
+    by_group = {group: [] for group in HELP_GROUPS}
+    hints = typing.get_type_hints(args_class)
+    for field in fields(args_class):
+        by_group[group_of.get(field.name, "algorithm")].append(field)
+    width = min(shutil.get_terminal_size().columns, 100)
+    summary = " ".join((script_doc or "").strip().split("\n\n")[0].split())  # the docstring's first paragraph
+    lines = [textwrap.fill(summary, width), "", f"usage: python {sys.argv[0]} [-h] [--flag VALUE ...]"]
+    for group, members in by_group.items():
+        lines += ["", f"{group}:"] if members else []
+        for field in members:
+            flag, kind = "--" + field.name.replace("_", "-"), hints[field.name]
+            if kind is bool:
+                usage = f"{flag} / --no-{flag[2:]}"
+            else:
+                kinds = [arg for arg in typing.get_args(kind) if arg is not type(None)] or [kind]  # Optional[str]: STR
+                usage = f"{flag} {getattr(kinds[0], '__name__', str(kinds[0])).upper()}"
+            lines.append(f"  {usage}  (default: {field.default})")
+            indent = " " * 6
+            text = docs.get(field.name, "")
+            lines.append(textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False))
+    print("\n".join(lines))

@@ -1,0 +1,138 @@
+"""What a run reports while it trains: true game scores of vectorized envs (`EpisodeStats`: whole episodes, unclipped,
+envpool's reset step excluded) and the console's progress line with its time-left estimate (`Progress`)."""
+
+import time
+from collections import deque
+from typing import Optional
+
+import numpy as np
+
+
+def format_duration(seconds: float) -> str:
+    """`3 days 08:35:58`, or `08:35:58` under a day."""
+    seconds = int(max(seconds, 0))
+    days, rest = divmod(seconds, 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days} day{'s' if days > 1 else ''} {clock}" if days else clock
+
+
+class EpisodeStats:
+    """True game scores of vectorized envs: rewards summed over whole episodes (unclipped, time-outs included).
+    envpool's reset step (the step after an episode end, which only resets) counts toward no episode."""
+
+    def __init__(self, num_envs: int, window: int = 100):
+        self.returns = np.zeros(num_envs, dtype=np.float64)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+        self.scores: list[float] = []  # every finished episode, in order
+        self.recent = deque(maxlen=window)
+
+    def update(self, reward, is_reset_step, episode_over, writer=None, global_step: int = 0) -> list[tuple[float, int]]:
+        """Adds one vectorized step; logs and returns (score, length) of every episode that ended with it."""
+        self.returns += np.where(is_reset_step, 0.0, reward)
+        self.lengths += ~is_reset_step
+        finished = [(float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(episode_over)]
+        self.returns[episode_over], self.lengths[episode_over] = 0.0, 0
+        for score, length in finished:
+            self.scores.append(score)
+            self.recent.append(score)
+            if writer is not None:
+                writer.add_scalar("charts/episodic_return", score, global_step)
+                writer.add_scalar("charts/episodic_length", length, global_step)
+        return finished
+
+    def drop_games_in_progress(self) -> None:
+        """Forgets the partial scores of the games in progress (a resume with fresh games drops them)."""
+        self.returns[:], self.lengths[:] = 0.0, 0
+
+    def state_dict(self) -> dict:
+        return {"returns": self.returns.copy(), "lengths": self.lengths.copy(), "scores": list(self.scores)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.returns[:], self.lengths[:], self.scores[:] = state["returns"], state["lengths"], state["scores"]
+        self.recent.clear()
+        self.recent.extend(self.scores[-self.recent.maxlen :])
+
+
+class Progress:
+    """The console line of a long run, at most every `interval` seconds: steps, percent done, SPS, recent return and
+    time left. The time left comes from the rate since learning started (at `learning_starts`): the steps before it
+    only act and run much faster, so a rate that counted them would promise too little time; until then the line
+    says "warming up". A script whose updates are few and long (one per hundreds or thousands of agent steps, and
+    only once whole sequences are stored) gives `updates_per_step` and its update count to `print`: the time left is
+    then the remaining steps at the measured acting time per step plus the remaining updates at the measured time
+    per update, known from the first update on. `slow_hint`, when given, is printed once, with the first estimate,
+    if the run would take over a day more."""
+
+    def __init__(
+        self,
+        total_timesteps: int,
+        start_step: int,
+        learning_starts: int = 0,
+        interval: float = 10.0,
+        slow_hint=None,
+        updates_per_step: float = 0.0,
+    ):
+        self.total, self.start_step, self.interval, self.slow_hint = total_timesteps, start_step, interval, slow_hint
+        self.start_time = self.last_print = time.time()
+        self.learning_starts, self.origin = learning_starts, None  # origin: (step, time) of the rate's first point
+        self.updates_per_step, self.last_call = updates_per_step, None  # last_call: (step, updates, time)
+        # time spent between calls without an update (acting), and between calls with updates (and their steps)
+        self.act_steps = self.act_seconds = self.updates_timed = self.update_seconds = self.update_call_steps = 0
+
+    def sps(self, global_step: int) -> int:
+        return int((global_step - self.start_step) / max(time.time() - self.start_time, 1e-9))
+
+    def count(self, global_step: int, updates: int, now: float) -> None:
+        """Adds the time since the last call to the acting time, or to the updates' time if updates were made."""
+        last, self.last_call = self.last_call, (global_step, updates, now)
+        if last is None or global_step <= self.learning_starts:
+            return
+        if updates == last[1]:
+            self.act_steps, self.act_seconds = self.act_steps + global_step - last[0], self.act_seconds + now - last[2]
+        else:
+            self.updates_timed += updates - last[1]
+            self.update_seconds += now - last[2]
+            self.update_call_steps += global_step - last[0]
+
+    def time_left(self, global_step: int) -> Optional[float]:
+        """Seconds left at the rate since learning started; None before a rate is known."""
+        if self.updates_per_step:
+            if not (self.updates_timed and self.act_steps and self.act_seconds):
+                return None
+            per_step = self.act_seconds / self.act_steps  # the acting steps of calls with updates are not update time
+            per_update = max(self.update_seconds - self.update_call_steps * per_step, 0.0) / self.updates_timed
+            return (self.total - global_step) * (per_step + self.updates_per_step * per_update)
+        if self.origin is None:
+            return None
+        steps, seconds = global_step - self.origin[0], time.time() - self.origin[1]
+        return (self.total - global_step) * seconds / steps if steps > 0 and seconds > 0 else None
+
+    def print(self, global_step: int, recent_scores, force: bool = False, updates: Optional[int] = None) -> None:
+        if updates is not None:
+            self.count(global_step, updates, time.time())
+        if self.origin is None and global_step >= self.learning_starts:
+            self.origin = (global_step, time.time())
+        if not force and time.time() - self.last_print < self.interval:
+            return
+        self.last_print = time.time()
+        sps, mean = self.sps(global_step), np.mean(recent_scores) if len(recent_scores) else float("nan")
+        left = self.time_left(global_step)
+        if global_step >= self.total:
+            eta = "done"
+        elif left is not None:
+            eta = f"ETA {format_duration(left)}"
+        elif global_step < self.learning_starts:
+            eta = f"warming up (learning starts at step {self.learning_starts})"
+        else:  # learning started; with updates counted, the first update has not yet been timed
+            eta = "ETA after the first update" if self.updates_per_step and not self.updates_timed else "ETA measuring"
+        print(
+            f"step {global_step:>9}/{self.total} ({100 * global_step / self.total:5.1f}%) | SPS {sps:>6} | "
+            f"return(100) {mean:8.2f} | {eta}"
+        )
+        if self.slow_hint and left is not None:
+            if left > 86400:
+                print(
+                    f"warning: at the speed measured since learning began this run takes {format_duration(left)} more; "
+                    f"{self.slow_hint}"
+                )
+            self.slow_hint = None

@@ -1,0 +1,195 @@
+"""Flag checks: every range a flag shared by several scripts must lie in (`FLAG_RANGES`, `COUNT_FLAGS`), checked once
+by `check_common_flags` before a script's own cross-flag rules; the env id, the memory a run will need, the
+`--eval-only` and `--capture-video` flags. Each failed check stops the run with one line naming the flag, its value
+and what is allowed (`flag_error`)."""
+
+import contextlib
+import importlib.util
+import math
+import netrc
+import os
+import urllib.parse
+from dataclasses import replace
+from typing import NoReturn, Optional
+
+import gymnasium as gym
+
+from cleanrl_q_utils import minatar
+
+# Ranges of the flags that several scripts share, checked by `check_common_flags` for every field a script has.
+# NaN fails every test (comparisons with NaN are false).
+FLAG_RANGES = {
+    **dict.fromkeys(
+        ("learning_rate", "adam_eps", "kappa", "prioritized_replay_eps", "replay_ratio"), (lambda v: 0 < v < math.inf, "> 0")
+    ),
+    "max_grad_norm": (lambda v: v > 0, "> 0 (inf: no clipping)"),
+    **dict.fromkeys(
+        ("gamma", "q_lambda", "start_e", "end_e", "eval_epsilon", "priority_eta"), (lambda v: 0 <= v <= 1, "in [0, 1]")
+    ),
+    "exploration_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    **dict.fromkeys(
+        (
+            "prioritized_replay_alpha",
+            "prioritized_replay_beta",
+            "epsilon_alpha",
+            "learning_starts",
+            "burn_in",
+            "checkpoint_every",
+            "eval_episodes",
+        ),
+        (lambda v: 0 <= v < math.inf, ">= 0"),
+    ),
+    # envpool takes int32 seeds; evaluation envs are seeded a little above the run's seed.
+    "seed": (lambda v: 0 <= v < 2**31 - 2**16, "in [0, 2147418112) (envpool takes 32-bit signed seeds)"),
+}
+
+
+# What --capture-video imports, by kind of environment (module, pip package).
+VIDEO_MODULES = {
+    "atari": [("moviepy", "moviepy"), ("ale_py", "ale-py"), ("cv2", "opencv-python")],
+    "classic": [("moviepy", "moviepy"), ("pygame", "pygame")],
+    "minatar": [("moviepy", "moviepy")],
+}
+
+
+COUNT_FLAGS = (  # numbers of things: at least 1
+    "total_timesteps num_envs num_steps num_minibatches update_epochs batch_size buffer_size seq_len n_step "
+    "train_frequency target_network_frequency hidden_size lstm_size quantile_embedding_dim num_tau_samples "
+    "num_tau_prime_samples num_quantile_samples log_interval max_episode_steps frame_stack"
+).split()
+
+
+def flag_error(flag: str, value, allowed: str) -> NoReturn:
+    """Stops the run with one line that names the flag, its value and what is allowed."""
+    raise SystemExit(f"error: --{flag.replace('_', '-')}={value}: {allowed}")
+
+
+def check_flags(checks: list[tuple[str, object, bool, str]]) -> None:
+    """`checks` holds (flag, value, ok, allowed) rows; the first row that is not ok stops the run."""
+    for flag, value, ok, allowed in checks:
+        if not ok:
+            flag_error(flag, value, allowed)
+
+
+def check_common_flags(args) -> None:
+    """Range checks of every flag in FLAG_RANGES and COUNT_FLAGS that `args` has, before the script's own checks: a
+    learning rate of 0 or NaN, a negative max grad norm (it would flip the gradient), an epsilon above 1 stop here."""
+    for name, value in vars(args).items():
+        if name in COUNT_FLAGS and not (isinstance(value, int) and value >= 1):
+            flag_error(name, value, "must be a whole number >= 1")
+        if name in FLAG_RANGES and not FLAG_RANGES[name][0](value):
+            flag_error(name, value, f"must be {FLAG_RANGES[name][1]}")
+    if not is_plain_name(args.exp_name, 100):
+        flag_error("exp_name", args.exp_name, "must be a folder name: no '/', not '.' or '..', at most 100 bytes")
+    if args.track:
+        check_wandb_login()
+    if "learning_starts" in vars(args) and args.total_timesteps <= args.learning_starts:
+        flag_error("total_timesteps", args.total_timesteps, f"must exceed --learning-starts={args.learning_starts}")
+    # Every action of the run is logged (a byte per environment step) so that a resume can replay it.
+    check_memory(args.total_timesteps, "the action log", f"--total-timesteps={args.total_timesteps}")
+    check_evaluation_flags(args)
+
+
+def check_wandb_login() -> None:
+    """--track needs a Weights & Biases login (or offline logging); without one, wandb would stop the run after its
+    folder exists, or wait for a key typed in."""
+    if importlib.util.find_spec("wandb") is None:
+        raise SystemExit("error: --track needs wandb, not installed: pip install wandb")
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return
+    host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    with contextlib.suppress(OSError, netrc.NetrcParseError):
+        if netrc.netrc(os.environ.get("NETRC")).authenticators(host):
+            return
+    raise SystemExit(
+        "error: --track: no Weights & Biases login found; run `wandb login`, set WANDB_API_KEY, or set "
+        "WANDB_MODE=offline to log locally and `wandb sync` later"
+    )
+
+
+def rounded_total(args, total: int) -> int:
+    """`total` rounded up to whole iterations of a script's loop: PQN rollouts (--num-envs x --num-steps), else steps
+    of every environment (--num-envs)."""
+    per_iteration = getattr(args, "num_envs", 1) * getattr(args, "num_steps", 1)
+    return -(-total // per_iteration) * per_iteration
+
+
+def whole_iterations(args):
+    """`args` with --total-timesteps a whole number of iterations: a total between two multiples is rounded up,
+    with a note, rather than run short without a word."""
+    total = rounded_total(args, args.total_timesteps)
+    if total != args.total_timesteps:
+        print(f"note: --total-timesteps={args.total_timesteps} rounded up to {total}, a whole number of iterations")
+    return replace(args, total_timesteps=total)
+
+
+def check_evaluation_flags(args) -> None:
+    """--eval-only needs a model file; --capture-video needs its optional packages, checked now rather than after
+    hours of training, and something to record (only evaluation episodes are recorded)."""
+    if args.eval_only and args.model_path is None:
+        flag_error("eval_only", True, "needs --model-path PATH (a model written by --save-model)")
+    if args.model_path is not None and not args.eval_only:
+        flag_error("model_path", args.model_path, "is only read with --eval-only")
+    if args.eval_only and args.resume is not None:
+        flag_error("resume", args.resume, "cannot be combined with --eval-only")
+    if args.model_path is not None and not os.path.isfile(args.model_path):
+        flag_error("model_path", args.model_path, "not a file" if os.path.exists(args.model_path) else "no such file")
+    if args.capture_video:
+        check_video_modules(args.env_id)
+        if not (args.save_model or args.eval_only):
+            print("warning: --capture-video records the evaluation episodes, which only --save-model or --eval-only play")
+
+
+def check_video_modules(env_id: str) -> None:
+    """One line naming every missing package of --capture-video and the install command."""
+    needed = VIDEO_MODULES["atari" if env_id.endswith("-v5") else "minatar" if minatar.is_minatar(env_id) else "classic"]
+    missing = [package for module, package in needed if importlib.util.find_spec(module) is None]
+    if missing:
+        raise SystemExit(f'error: --capture-video needs {", ".join(missing)}, not installed: pip install -e ".[video]"')
+
+
+def check_env_id(env_id: str, atari: Optional[bool] = None):
+    """The envpool spec of `env_id`, after checking that envpool knows it, that its actions are discrete and, with
+    `atari` given, that it is (True) or is not (False) an Atari game of image observations. MinAtar ids (gymnasium's)
+    are for the scripts of vector observations, which give their 10x10 images a torso of their own."""
+    import envpool
+
+    if minatar.is_minatar(env_id):
+        if atari:
+            flag_error("env_id", env_id, "a MinAtar game: this script needs an Atari game; its twin for vectors plays MinAtar")
+        return minatar.spec(env_id)
+    if env_id not in envpool.list_all_envs():
+        flag_error("env_id", env_id, "not an envpool environment id (e.g. CartPole-v1, Breakout-v5)")
+    spec = envpool.make_spec(env_id)
+    if not isinstance(spec.action_space, gym.spaces.Discrete):
+        flag_error("env_id", env_id, f"has a {type(spec.action_space).__name__} action space; discrete actions needed")
+    if atari is not None and (len(spec.observation_space.shape) == 3) != atari:
+        kind = "an Atari game (e.g. Breakout-v5)" if atari else "vector observations (e.g. CartPole-v1)"
+        flag_error("env_id", env_id, f"this script needs {kind}; its docs page names the script for the other kind")
+    return spec
+
+
+def available_memory_bytes() -> int:
+    """RAM the kernel says can be allocated without swapping (MemAvailable), else the free pages."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_memory(needed_bytes: int, what: str, flags: str) -> None:
+    """Stops before allocating when `what` (e.g. "the replay") would not fit in the available RAM; `flags` names the
+    flags and values that set its size, e.g. "--buffer-size=1000000"."""
+    available = available_memory_bytes()
+    if needed_bytes > available:
+        raise SystemExit(
+            f"error: {flags}: {what} needs about {needed_bytes / 1e9:,.1f} GB but {available / 1e9:,.1f} GB are "
+            "available; lower it"
+        )
+
+
+def is_plain_name(name, most_bytes: int = 255) -> bool:
+    """A name that is one folder or file name: no path separator, not `.` or `..`, not empty, not too long."""
+    plain = isinstance(name, str) and name not in ("", ".", "..") and not {"/", "\x00"} & set(name)
+    return plain and len(name.encode()) <= most_bytes

@@ -1,0 +1,93 @@
+"""Model files: `--save-model` writes the weights with every flag of the run (`save_model`), `--eval-only --model-path`
+reads them back without running code and rebuilds the agent from the saved flags (`evaluate_only`)."""
+
+import os
+import time
+from dataclasses import fields, replace
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from cleanrl_q_utils.checkpoint_files import load_safely, unreadable_reason, write_atomically
+from cleanrl_q_utils.flag_checks import check_evaluation_flags, flag_error
+from cleanrl_q_utils.run_folder import describe_device, pick_device, seed_everything
+
+# The flags an --eval-only run takes from the command line; every other flag comes from the saved model file.
+EVALUATION_FLAGS = ("eval_only", "model_path", "eval_episodes", "eval_epsilon", "capture_video", "seed", "cuda")
+
+
+MODEL_FILE = "cleanrl-q model"  # marks a model file written by `save_model`
+
+
+def save_model(path: str, script: str, args, network: nn.Module) -> None:
+    """A model file holds the weights and every flag of the run, which rebuild the network (sizes, env) later. It is
+    written whole or not at all (a temporary file renamed over `path`)."""
+    model = {"kind": MODEL_FILE, "script": os.path.basename(script), "args": vars(args), "model": network.state_dict()}
+    write_atomically(path, lambda file: torch.save(model, file))
+
+
+def read_model_file(path: str, device="cpu") -> dict:
+    """The contents of a model file, loaded without running code (`weights_only=True`: tensors and plain values only);
+    a file of bare weights (written before flags were saved) reads as {"model": ...}."""
+    try:
+        saved = load_safely(path, device)
+    except Exception as error:
+        flag_error("model_path", path, f"not a readable model file ({unreadable_reason(error)})")
+    if isinstance(saved, dict) and {"format", "digest", "state"} <= set(saved):
+        flag_error("model_path", path, "a checkpoint, not a model file: --save-model writes one (or --resume this)")
+    return saved if isinstance(saved, dict) and saved.get("kind") == MODEL_FILE else {"model": saved}
+
+
+def load_weights(network: nn.Module, path: str, device) -> None:
+    """Loads the weights of a model file into `network`, or stops with one line when they do not fit it (a file of
+    another script, or of bare weights saved with other network sizes)."""
+    weights = read_model_file(path, device)["model"]
+    try:
+        network.load_state_dict(weights)
+    except (RuntimeError, TypeError, AttributeError) as error:
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        flag_error("model_path", path, f"its weights do not fit this script's network ({first.strip()[:160]})")
+
+
+def evaluation_line(path: str, scores: list[float]) -> str:
+    if not scores:
+        return f"evaluation of {path}: no episodes played (--eval-episodes 0)"
+    return (
+        f"evaluation of {path} over {len(scores)} episodes: mean {np.mean(scores):.2f} ± {np.std(scores):.2f} "
+        f"(min {np.min(scores):.2f}, max {np.max(scores):.2f})"
+    )
+
+
+def evaluate_only(given, script: str, validate: Callable, evaluate: Callable) -> list[float]:
+    """--eval-only --model-path PATH: rebuilds the saved agent with the flags saved beside its weights and plays
+    `--eval-episodes` evaluation episodes (recorded with --capture-video); prints and returns their scores. Only
+    EVALUATION_FLAGS come from the command line; other flags given that differ from the saved ones are named."""
+    check_evaluation_flags(given)
+    saved, name = read_model_file(given.model_path), os.path.basename(script)
+    if "args" not in saved:
+        print(f"note: {given.model_path} holds weights only: the network is built from the command-line flags")
+        args = given
+    elif saved["script"] != name:
+        flag_error("model_path", given.model_path, f"written by {saved['script']}, not {name}")
+    else:
+        names, defaults = {field.name for field in fields(given)}, type(given)()
+        kept = {key: value for key, value in saved["args"].items() if key in names and key not in EVALUATION_FLAGS}
+        for key, value in kept.items():
+            if getattr(given, key) not in (value, getattr(defaults, key)):
+                print(f"eval-only: ignoring --{key.replace('_', '-')}={getattr(given, key)}; the model's value is {value}")
+        args = replace(given, **kept)
+    validate(args)
+    # Seeded, so that an evaluation repeats exactly; a training run's own evaluation instead continues the generators
+    # that training advanced (same environment seeds, other random draws: see docs/get-started/basic-usage.md).
+    seed_everything(args.seed, getattr(args, "torch_deterministic", True))
+    device = pick_device(args.cuda)
+    print(f"{name}: evaluating {args.model_path} on {args.env_id}, device {describe_device(device, args.cuda)}")
+    # No run folder: an evaluation leaves nothing in the model's run folder, whose run may be going on.
+    video_folder = f"videos/{os.path.basename(os.path.dirname(os.path.abspath(args.model_path)))}-eval-{int(time.time())}"
+    scores = evaluate(args.model_path, args, device, video_folder)
+    print(evaluation_line(args.model_path, scores))
+    if args.capture_video:
+        print(f"videos in {video_folder}")
+    return scores

@@ -1,0 +1,142 @@
+"""Where a run writes and what it runs on: the run's name and folder (created exclusively, locked while the run
+lives, and on resume chosen so that a run never writes into another's files), the stop on a full or read-only disk,
+seeding, the device, and the software versions logged with the hyperparameters."""
+
+import contextlib
+import errno
+import fcntl
+import os
+import random
+import subprocess
+import sys
+import time
+from typing import NoReturn, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from cleanrl_q_utils.checkpoint_files import load_safely
+
+
+def seed_everything(seed: int, torch_deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = torch_deterministic
+
+
+def pick_device(cuda: bool, cpu_threads: Optional[int] = None) -> torch.device:
+    """CUDA when asked for and present, else the CPU with `cpu_threads` intra-op threads (None: torch's default).
+    Small networks run faster on one thread: more threads only add synchronization to every call."""
+    device = torch.device("cuda" if cuda and torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and cpu_threads is not None:
+        torch.set_num_threads(cpu_threads)
+    return device
+
+
+def describe_device(device: torch.device, cuda: bool) -> str:
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    why = "no CUDA device found" if cuda else "--no-cuda"
+    return f"cpu, {torch.get_num_threads()} thread{'s' if torch.get_num_threads() > 1 else ''} ({why})"
+
+
+def software_versions(script: str) -> dict:
+    """The versions a result depends on, logged with the hyperparameters: torch, envpool, gymnasium, and the git commit
+    of the scripts (with "+changes" when the working tree differs from it)."""
+    import envpool
+
+    def git(*command):
+        try:
+            done = subprocess.run(["git", *command], cwd=os.path.dirname(script), capture_output=True, text=True, timeout=5)
+            return done.stdout.strip() if done.returncode == 0 else None
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if commit and git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+changes"
+    return dict(torch=torch.__version__, envpool=envpool.__version__, gymnasium=gym.__version__, git=commit or "unknown")
+
+
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO)
+
+
+def new_run_name(args) -> str:
+    """A fresh run name, whose directory under runs/ this call creates: a run started in the same second with the same
+    env, name and seed (a sweep) gets a suffix instead of sharing, and overwriting, the other's files. A namespaced
+    env id (MinAtar/Breakout-v0) is written with a dash (MinAtar-Breakout-v0): a run is one folder."""
+    base = f"{args.env_id.replace('/', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    for suffix in ["", *(f"_{i}" for i in range(2, 1000))]:
+        with contextlib.suppress(FileExistsError):
+            make_run_dir(f"runs/{base}{suffix}")
+            return base + suffix
+    raise SystemExit(f"error: could not create a run directory runs/{base}_*")
+
+
+def make_run_dir(path: str, exist_ok: bool = False) -> None:
+    try:
+        os.makedirs(path, exist_ok=exist_ok)
+    except FileExistsError:
+        raise
+    except OSError as error:
+        stop_on_disk_error(f"error: cannot create the run folder {path} ({error.strerror}); start the run where it can write")
+
+
+def stop_on_disk_error(message: str) -> NoReturn:
+    """A full disk or a read-only folder: one line on stderr and exit status 2, as for a bad command line."""
+    print(message, file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def lock_run_dir(path: str) -> int:
+    """Takes the run folder's lock for as long as the process lives (the kernel releases it when the process ends, a
+    crash included); a second process running the same run stops here instead of writing into the same files."""
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(handle)
+        raise SystemExit(f"error: the run in {path} is running in another process (it holds the folder's lock)") from None
+    return handle
+
+
+def resumed_run_dir(resume_path: str, checkpoint: dict) -> str:
+    """Where a resumed run writes: the checkpoint's own folder when it is the run's folder (named for the run, as
+    runs/<run name>/checkpoint.pt is), else runs/<run name> under the working directory. It never writes beside a
+    checkpoint that is not in its run's folder (a backup, a copy, another run's folder)."""
+    folder = os.path.dirname(resume_path) or "."
+    return folder if os.path.basename(os.path.realpath(folder)) == checkpoint["run_name"] else f"runs/{checkpoint['run_name']}"
+
+
+def check_newer_checkpoint(path: str, resume_path: str, checkpoint: dict) -> None:
+    """Stops a resume that would overwrite, at `path`, a newer checkpoint of the run or a file that is not this run's."""
+    if not os.path.exists(path) or os.path.samefile(path, resume_path):
+        return
+    try:  # mmap: only the few plain values are read, not the tensors
+        present = load_safely(path, "cpu", mmap=True)
+        present_step = present["global_step"] if present["run_name"] == checkpoint["run_name"] else None
+    except Exception:
+        present_step = None
+    step = checkpoint["global_step"]
+    if present_step is None:
+        raise SystemExit(f"error: --resume={resume_path}: {path} is not a checkpoint of this run; move it away to resume")
+    if present_step > step:
+        raise SystemExit(
+            f"error: --resume={resume_path}: {path} holds the run's checkpoint at step {present_step}, newer than step "
+            f"{step}: resume from it, or move it away to go back to step {step}"
+        )
+
+
+def check_writable_home(run_dir: str) -> None:
+    """A resume of a checkpoint copied from elsewhere writes into runs/<run name>; refuse early if that cannot work."""
+    parent = os.path.dirname(run_dir) or "."
+    if (
+        os.path.isdir(run_dir)
+        and not os.access(run_dir, os.W_OK)
+        or not os.path.isdir(run_dir)
+        and os.path.isdir(parent)
+        and not os.access(parent, os.W_OK)
+    ):
+        stop_on_disk_error(f"error: cannot write to the run folder {run_dir} (read-only); resume where you can write")

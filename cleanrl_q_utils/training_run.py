@@ -1,0 +1,374 @@
+"""The life of one training run, as a script's `main` writes it:
+
+    if args.eval_only:  # --eval-only --model-path: rebuild a saved agent and evaluate it, no training
+        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+    args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)  # --resume: the checkpoint, its flags
+    validate_args(args)  # flag ranges (flag_checks), then the script's own cross-flag rules
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:  # start-up block, logs, signals
+        ...build envs, networks, buffers on run.device...
+        def checkpoint_state(): return {...}  # everything a resumed run needs, listed once
+        if checkpoint:
+            saved = run.restore(checkpoint_state())  # in place; the script takes its plain numbers from `saved`
+            envs, obs = run.fast_forward(envs, action_log, obs, stats)  # and sets its own flags for fresh envs
+        progress = run.progress(global_step)
+        for ...:
+            ...
+            if run.checkpoint_or_stop(global_step, steps_this_iteration, is_last, checkpoint_state):
+                break
+        if args.save_model and not run.stopped:
+            run.save_and_evaluate(q_network, evaluate, run.device)
+        run.finish(stats.scores)  # the summary line
+
+`Run` holds the run folder and its lock, the TensorBoard writer (W&B with --track), the signal handlers and the
+checkpoints; a run stopped by a signal leaves the block with SystemExit(128 + the signal's number)."""
+
+import contextlib
+import os
+import shutil
+import signal
+import threading
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.utils.tensorboard import SummaryWriter
+
+from cleanrl_q_utils import checkpoint_files, environments, episode_scores, model_files, run_folder
+
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a closed terminal (SIGHUP) stops a run like SIGTERM
+
+
+class Run:
+    """One training run: name and directory, TensorBoard writer (synced to W&B with --track), the signal handlers,
+    and its checkpoints. Use it as a context manager: leaving the block, however, restores the previous signal
+    handlers, closes the logs and releases the run folder's lock (tests call `main` in-process: nothing must leak).
+
+    A run writes only into its own folder: runs/<run name>, or for a resume the folder `resumed_run_dir` names; the
+    folder is locked while the run lives. A signal (SIGINT, SIGTERM, SIGHUP) during training stops the run after the
+    current step with a checkpoint; a second one exits at once, the last checkpoint intact; after training (the
+    model file, the evaluation, the video) it exits at once, the final checkpoint written. Either way the run ends
+    with SystemExit(128 + the signal's number), when leaving the block after a stop; `main` called from Python too."""
+
+    def __init__(self, args, checkpoint: Optional[dict], script: str, checkpoint_format: int, cpu_threads=None):
+        self.args, self.checkpoint, self.format = args, checkpoint, checkpoint_format
+        self.script = os.path.abspath(script)
+        self.start_time, self.eval_scores, self.lock, self.writer = time.time(), None, None, None
+        self.learning_resumes_at = None  # set by note_empty_replay
+        self.stop_requested = self.stopped = self.replaying = self.writing = self.training_done = False
+        self.global_step = self.start_step = checkpoint["global_step"] if checkpoint else 0  # last step checkpoint_or_stop saw
+        # The step at which the current envs started their first games: 0, or that of the last --resume-fresh-envs.
+        # They are seeded with seed + that step (envpool takes 31-bit seeds), so that new games are not the first ones.
+        fresh = checkpoint is not None and args.resume_fresh_envs
+        self.envs_start = self.global_step if fresh else checkpoint.get("envs_start", 0) if checkpoint else 0
+        self.env_seed = (args.seed + self.envs_start) % 2**31
+        self.device = run_folder.pick_device(args.cuda, cpu_threads)
+        self.wandb_id = checkpoint["wandb_id"] if checkpoint else None
+        # A run started with `nohup` (SIGHUP ignored) goes on when its terminal closes, as nohup promises.
+        handled = [sig for sig in HANDLED_SIGNALS if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN]
+        self.previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in handled}
+        # Python runs a handler once for signals that arrive during one long C call (say, copying a large replay);
+        # the wakeup pipe gets a byte for every signal, so two of them are never taken for one.
+        self.wakeup, wakeup_write = os.pipe()
+        os.set_blocking(self.wakeup, False)
+        os.set_blocking(wakeup_write, False)
+        self.previous_wakeup = signal.set_wakeup_fd(wakeup_write)
+        # TensorBoard writes from a thread of its own, which prints a traceback when the disk is full before the
+        # error reaches this thread (and `__exit__`, which says it in one line).
+        self.previous_excepthook, threading.excepthook = threading.excepthook, self._thread_exception
+        self.created = checkpoint is None
+        try:
+            self.open_run_dir(checkpoint)
+            self.start_logs(checkpoint)
+        except BaseException as error:  # a signal or an error while starting: nothing of this run is left half made
+            self.__exit__(type(error), error, None)
+            raise
+
+    def open_run_dir(self, checkpoint: Optional[dict]) -> None:
+        args = self.args
+        if checkpoint is None:
+            self.name = run_folder.new_run_name(args)
+            self.dir = f"runs/{self.name}"
+        else:
+            self.name, self.dir = checkpoint["run_name"], run_folder.resumed_run_dir(args.resume, checkpoint)
+            run_folder.check_writable_home(self.dir)
+            self.created = not os.path.isdir(self.dir)
+            run_folder.make_run_dir(self.dir, exist_ok=True)
+        self.lock = run_folder.lock_run_dir(self.dir)
+        self.checkpoint_path = f"{self.dir}/checkpoint.pt"
+        self.last_checkpoint = None
+        if checkpoint is not None:
+            run_folder.check_newer_checkpoint(self.checkpoint_path, args.resume, checkpoint)
+            self.last_checkpoint = args.resume
+
+    def start_logs(self, checkpoint: Optional[dict]) -> None:
+        args = self.args
+        setting = {"device": run_folder.describe_device(self.device, args.cuda), **run_folder.software_versions(self.script)}
+        self.print_start(setting)
+        if args.track:
+            import wandb
+
+            run = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=self.name, id=self.wandb_id)
+            config = {**vars(args), **setting}
+            wandb.init(**run, sync_tensorboard=True, config=config, save_code=True, resume="allow")
+            self.wandb_id = wandb.run.id
+        # Everything up to the checkpoint's step was logged before it was written; what the interrupted run logged
+        # after it is dropped, so that the resumed run does not log those steps twice.
+        self.writer = SummaryWriter(self.dir, purge_step=checkpoint["global_step"] + 1 if checkpoint else None)
+        if checkpoint is None:
+            rows = "\n".join(f"|{key}|{value}|" for key, value in {**vars(args), **setting}.items())
+            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
+
+    def print_start(self, setting: dict) -> None:
+        """The start-up block, printed before anything slow: what runs, where it logs, on what."""
+        args, script = self.args, os.path.basename(self.script)
+        if self.checkpoint:
+            print(f"{script}: resuming {args.env_id}, seed {args.seed}, at step {self.checkpoint['global_step']}")
+            changed = self.checkpoint.get("changed")
+            print(f"  flags changed on resume: {', '.join(changed)}" if changed else "  flags: all as in the checkpoint")
+        else:
+            print(f"{script}: {args.env_id}, seed {args.seed}, {args.total_timesteps} agent steps")
+        print(f"  run directory: {self.dir}  (watch it: tensorboard --logdir {os.path.dirname(self.dir) or '.'})")
+        every = args.checkpoint_every
+        when = (
+            f"every {every} agent steps and at the end" if every else "only when a signal stops the run (--checkpoint-every 0)"
+        )
+        print(f"  checkpoint: {self.dir}/checkpoint.pt, {when}")
+        if getattr(args, "model_files.save_model", False):
+            videos = f", videos in {self.dir}/videos/" if getattr(args, "capture_video", False) else ""
+            print(f"  model: {self.dir}/{args.exp_name}.cleanrl_model after training, then evaluated{videos}")
+        versions = ", ".join(f"{name} {setting[name]}" for name in ("torch", "envpool", "gymnasium"))
+        print(f"  device: {setting['device']} | {versions} | git {setting['git']}")
+        if self.device.type == "cpu" and args.env_id.endswith("-v5"):
+            print(
+                f"warning: Atari on a CPU is slow (the first progress line, in 10 s, gives the time left); {self.slow_hint()}"
+            )
+
+    def slow_hint(self) -> str:
+        """Where to go instead of a days-long Atari run on a CPU: the classic-control twin of the script."""
+        name = os.path.basename(self.script)
+        twin = name.replace("_atari_envpool_lstm", "").replace("_atari_envpool", "").replace("_atari", "")
+        instead = f"cleanrl/{twin}" if twin != name else f"{name} --env-id CartPole-v1"
+        return f"for a first run on a CPU, try `python {instead}` or a smaller --total-timesteps"
+
+    def progress(self, start_step: int, updates_per_step: float = 0.0) -> episode_scores.Progress:
+        """The progress line of this run, its time left measured from the step learning (re)starts at (with
+        `updates_per_step`: from the acting time per step and the time per update, see `Progress`); Atari on a CPU
+        warns with the first estimate if the run would take over a day more."""
+        slow = self.device.type == "cpu" and self.args.env_id.endswith("-v5")
+        learning_starts = self.learning_resumes_at or getattr(self.args, "learning_starts", 0)
+        hint = self.slow_hint() if slow else None
+        return episode_scores.Progress(
+            self.args.total_timesteps, start_step, learning_starts, slow_hint=hint, updates_per_step=updates_per_step
+        )
+
+    def note_empty_replay(self, learning_resumes_at: int) -> None:
+        """Says, on a resume without --checkpoint-replay, that the replay restarts empty and when learning resumes."""
+        self.learning_resumes_at = learning_resumes_at
+        print(
+            f"resume: the replay was not saved (--checkpoint-replay was off): it refills from empty, and learning "
+            f"resumes at step {learning_resumes_at}"
+        )
+
+    def save_and_evaluate(self, network: nn.Module, evaluate: Callable, device: torch.device) -> list[float]:
+        """--save-model at the end of training: writes the model file, then plays the evaluation episodes with it
+        (recorded with --capture-video), logs their scores and prints their mean."""
+        if self.stop_requested:  # asked to stop before the loop took a step (a resume of a finished run)
+            self.stopped = True
+            print(f"stopped before the final evaluation; the checkpoint is unchanged: {self.last_checkpoint}")
+            return []
+        path = f"{self.dir}/{self.args.exp_name}.cleanrl_model"
+        try:
+            model_files.save_model(path, self.script, self.args, network)
+        except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
+            last = self.last_checkpoint or "none written"
+            run_folder.stop_on_disk_error(
+                f"error: writing the model file {path} failed ({error}); last good checkpoint: {last}"
+            )
+        print(f"model saved to {path}")
+        self.eval_scores = evaluate(path, self.args, device, f"{self.dir}/videos")  # with --capture-video
+        for episode, score in enumerate(self.eval_scores):
+            self.writer.add_scalar("eval/episodic_return", score, episode)
+        print(model_files.evaluation_line(path, self.eval_scores))
+        if getattr(self.args, "capture_video", False):
+            print(f"videos in {self.dir}/videos")
+        return self.eval_scores
+
+    def finish(self, scores: list[float]) -> None:
+        """The last line of a run: how far it got, how long it took, its recent training return and evaluation."""
+        done, global_step = "stopped at" if self.stopped else "finished", self.global_step
+        recent = f"return(100) {np.mean(scores[-100:]):.2f} ({len(scores)} episodes)" if scores else "no episode ended"
+        took = episode_scores.format_duration(time.time() - self.start_time)
+        line = f"{done} step {global_step}/{self.args.total_timesteps} in {took}"
+        if self.eval_scores:
+            recent += f" | evaluation {np.mean(self.eval_scores):.2f} over {len(self.eval_scores)} episodes"
+        print(f"{line} | {recent} | {self.dir}")
+
+    def _on_signal(self, signum, frame):
+        self.signum, arrived, name = signum, 1, signal.Signals(signum).name
+        with contextlib.suppress(BlockingIOError):
+            arrived = len(os.read(self.wakeup, 64))
+        last = self.last_checkpoint or "none"
+        if self.writing and (self.stop_requested or arrived > 1):
+            # A checkpoint is being written by another thread, inside torch: the process ends now, without the
+            # interpreter's shutdown (which would abort that thread); the temporary file is removed by `save`'s caller
+            # never returning, so it is removed here. The logs were flushed before the write began.
+            with contextlib.suppress(OSError):
+                os.remove(self.writing)
+            print(f"exiting at once on {name}, during a checkpoint write; last good checkpoint: {last}", flush=True)
+            os._exit(128 + signum)
+        if self.training_done:
+            self.restore_handlers()
+            print(f"exiting on {name}: training had finished; the final evaluation is not done; last checkpoint: {last}")
+            raise SystemExit(128 + signum)
+        if self.stop_requested or self.replaying or arrived > 1:  # a second signal, or nothing new to save yet: exit at once
+            self.restore_handlers()
+            print(f"exiting at once on {name}; last good checkpoint: {last}")
+            raise SystemExit(128 + signum)
+        self.stop_requested = True
+        print(f"{name}: stopping after this step, with a checkpoint; a second signal exits at once")
+
+    def _thread_exception(self, hook_args) -> None:
+        if not (isinstance(hook_args.exc_value, OSError) and hook_args.exc_value.errno in run_folder.DISK_ERRORS):
+            self.previous_excepthook(hook_args)
+
+    def restore_handlers(self) -> None:
+        threading.excepthook = self.previous_excepthook
+        for sig, handler in self.previous_handlers.items():
+            signal.signal(sig, handler)
+        if self.wakeup is not None:
+            os.close(signal.set_wakeup_fd(self.previous_wakeup))
+            os.close(self.wakeup)
+            self.wakeup = None
+
+    def close(self, remove_if_new: bool = False) -> None:
+        """Restores the signal handlers, closes the logs, releases the lock. `remove_if_new`: a run folder this run
+        created and that holds no checkpoint (a run stopped before its first step) is removed, not left empty."""
+        self.restore_handlers()
+        if self.writer is not None:
+            with contextlib.suppress(OSError):
+                self.writer.close()
+        if self.args.track and self.writer is not None:
+            import wandb
+
+            wandb.finish()
+        if self.lock is not None:
+            if remove_if_new and self.created and self.last_checkpoint is None and self.global_step == self.start_step:
+                shutil.rmtree(self.dir, ignore_errors=True)
+            os.close(self.lock)
+            self.lock = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        self.close(remove_if_new=kind is not None)
+        if isinstance(error, OSError) and error.errno in run_folder.DISK_ERRORS:  # a full disk, a read-only folder: one line
+            where = f" {error.filename}" if error.filename else ""
+            last = self.last_checkpoint or "none written"
+            run_folder.stop_on_disk_error(
+                f"error: writing{where} failed: {error.strerror or error}; last good checkpoint: {last}"
+            )
+        if kind is None and self.stopped:  # stopped by a signal, checkpoint written: exit as the signal asked
+            raise SystemExit(128 + self.signum)
+
+    def fast_forward(self, envs, action_log: np.ndarray, obs: np.ndarray, stats, action_dtype=np.int64):
+        """Brings the envs, just built with `run.env_seed`, on from the checkpoint; returns (envs, obs) for the loop.
+
+        envpool cannot save its state, but it is deterministic given its seed and the actions: by default the logged
+        actions are stepped again (`replay_actions`), and the run goes on exactly (a signal meanwhile exits at once;
+        the checkpoint is still the newest state). That costs the environment steps of the whole run so far. With
+        --resume-fresh-envs the envs start new games instead, at a cost that does not grow with the run: the games in
+        progress, counted from `stats` (read, not changed), are dropped; the script then makes its next step a reset
+        step, clears its partial scores (`stats.drop_games_in_progress`) and, where its replay ends n-step targets
+        only at a stored episode end, marks its last stored step as a time-out, so that nothing is trained across the
+        cut. A later exact resume replays only the actions since the last such cut."""
+        envs_count = action_log.shape[1] if action_log.ndim > 1 else 1
+        if self.args.resume_fresh_envs:
+            dropped = int(np.count_nonzero(stats.lengths))
+            self.writer.add_scalar("charts/games_dropped_at_resume", dropped, self.checkpoint["global_step"])
+            print(
+                f"resume: fresh environments ({action_log.size} logged agent steps not replayed); "
+                f"{dropped} games in progress dropped"
+            )
+            return environments.FirstStepIsReset(envs), obs
+        start_row = self.envs_start // envs_count
+        if start_row > 0:  # envs started fresh at that step, whose first step was a reset step
+            envs, action_log = environments.FirstStepIsReset(envs), action_log[start_row:]
+        self.replaying = True
+        environments.replay_actions(envs, action_log, obs, action_dtype)
+        self.replaying = False
+        return envs, obs
+
+    def restore(self, state: dict) -> dict:
+        """Loads the checkpoint into `state` (the script's checkpoint state) in place, then the random generators;
+        returns the saved entries, from which the script takes its plain numbers."""
+        saved = checkpoint_files.restore_state(self.checkpoint, state, self.args)
+        step, restored = self.checkpoint["global_step"], ", ".join(sorted(saved))
+        print(f"resume: continuing {self.name} from step {step}; restored {restored} and the random generators")
+        return saved
+
+    def save(self, global_step: int, state: dict) -> str:
+        """Writes the checkpoint of `state` at `global_step` over the previous one (see `write_checkpoint`). A state
+        whose weights or optimizer moments hold NaN or inf is not written: the previous checkpoint stays good."""
+        learned = [key for key, value in state.items() if isinstance(value, (nn.Module, torch.optim.Optimizer))]
+        state = {key: checkpoint_files.state_of(value) for key, value in state.items()}
+        header = dict(format=self.format, script=os.path.basename(self.script), args=vars(self.args), run_name=self.name)
+        checkpoint = dict(
+            header, wandb_id=self.wandb_id, global_step=global_step, rng=checkpoint_files.rng_states(), state=state
+        )
+        checkpoint["envs_start"] = self.envs_start
+        if not checkpoint_files.all_finite([state[key] for key in learned]):  # buffers may hold inf by design
+            raise SystemExit(
+                f"error: non-finite values in the state at step {global_step}; no checkpoint written; "
+                f"last good checkpoint: {self.last_checkpoint or 'none written'}"
+            )
+        self.writer.flush()  # the logs up to this step are on disk before the checkpoint that vouches for them
+        try:
+            checkpoint_files.write_checkpoint(self.checkpoint_path, checkpoint, self.note_writing)
+        except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
+            run_folder.stop_on_disk_error(
+                f"error: writing the checkpoint failed at step {global_step} ({error}); is the disk full? "
+                f"last good checkpoint: {self.last_checkpoint or 'none written'}"
+            )
+        self.last_checkpoint = self.checkpoint_path
+        return self.checkpoint_path
+
+    def note_writing(self, temporary_file) -> None:
+        """The temporary file a checkpoint is being written to (False when none): a second signal removes it."""
+        self.writing = temporary_file
+
+    def checkpoint_or_stop(self, global_step: int, steps: int, last: bool, state: Callable[[], dict]) -> bool:
+        """Call once at the end of every iteration, after its logging, with the `steps` it took. Writes a checkpoint
+        when global_step crossed a multiple of --checkpoint-every, at the last iteration (if checkpointing), or when
+        a signal asked to stop; returns True when the loop must stop."""
+        every, stopping = self.args.checkpoint_every, self.stop_requested  # read once: a later signal waits a step
+        self.global_step = global_step
+        crossed = every > 0 and global_step // every > (global_step - steps) // every
+        saved = crossed or stopping or (every > 0 and last)
+        if saved:
+            self.save(global_step, state())
+        if last and self.stop_requested and not stopping:  # asked to stop during the last step: stop, as promised
+            stopping = True
+            if not saved:
+                self.save(global_step, state())
+        self.training_done = last and not stopping
+        if stopping:
+            self.stopped = True
+            print(
+                f"checkpoint written to {self.checkpoint_path}; continue the run with:\n"
+                f"  python {self.script} --resume {os.path.abspath(self.checkpoint_path)}"
+            )
+        return stopping
+
+    def clip_grad_norm(self, parameters, max_norm: float, global_step: int, **kwargs) -> torch.Tensor:
+        """The gradient clip and the one NaN stop: a NaN or inf in the loss or the Q-values reaches the gradient norm,
+        so the run stops here, before the optimizer step spreads it into the weights, naming the last good checkpoint."""
+        try:
+            return torch.nn.utils.clip_grad_norm_(parameters, max_norm, error_if_nonfinite=True, **kwargs)
+        except RuntimeError:
+            raise SystemExit(
+                f"error: non-finite loss or Q-values at step {global_step}; last good checkpoint: "
+                f"{self.last_checkpoint or 'none written'}"
+            ) from None
