@@ -133,11 +133,6 @@ MINATAR_DEFAULTS = dict(
 def validate_args(args: Args) -> None:
     """Stops with one clear message on a flag combination the algorithm cannot run, before anything is built."""
     flag_checks.check_common_flags(args)
-    positive = ("total_timesteps", "num_envs", "n_step", "batch_size", "eval_episodes", "train_frequency")
-    positive += ("target_network_frequency", "learning_rate", "prioritized_replay_eps")
-    unit = ("prioritized_replay_alpha", "prioritized_replay_beta", "gamma", "start_e", "end_e")
-    flag_checks.check_flags([(flag, getattr(args, flag), getattr(args, flag) > 0, "must be > 0") for flag in positive])
-    flag_checks.check_flags([(flag, getattr(args, flag), 0 <= getattr(args, flag) <= 1, "must be in [0, 1]") for flag in unit])
     # The buffer must hold a batch, and the first n-step window of every env.
     minimum = max(args.batch_size, args.num_envs * args.n_step)
     at_least = f"must be >= max(--batch-size, --num-envs * --n-step) = {minimum}"
@@ -147,8 +142,9 @@ def validate_args(args: Args) -> None:
             ("buffer_size", args.buffer_size, args.buffer_size >= minimum, at_least),
             ("learning_starts", args.learning_starts, args.learning_starts >= minimum, at_least),
             ("train_frequency", args.train_frequency, args.train_frequency % args.num_envs == 0, multiple),
-            ("exploration_fraction", args.exploration_fraction, 0 < args.exploration_fraction <= 1, "must be in (0, 1]"),
-            ("checkpoint_every", args.checkpoint_every, args.checkpoint_every >= 0, "must be >= 0"),
+            # `linear_schedule` divides by the decay's length, and evaluation builds one environment per episode.
+            ("exploration_fraction", args.exploration_fraction, args.exploration_fraction > 0, "must be in (0, 1]"),
+            ("eval_episodes", args.eval_episodes, args.eval_episodes >= 1, "must be >= 1"),
         ]
     )
     obs_shape = flag_checks.check_env_id(args.env_id).observation_space.shape

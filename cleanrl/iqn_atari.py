@@ -111,16 +111,8 @@ class Args:
 def validate_args(args: Args) -> None:
     flag_checks.check_common_flags(args)
     flag_checks.check_env_id(args.env_id, atari=True)
-    positive = (
-        "total_timesteps num_envs n_step batch_size train_frequency target_network_frequency exploration_fraction kappa "
-        "num_tau_samples num_tau_prime_samples num_quantile_samples quantile_embedding_dim hidden_size learning_rate adam_eps"
-    ).split()
-    probabilities, values = ("gamma", "start_e", "end_e", "eval_epsilon"), vars(args)
-    flag_checks.check_flags(
-        [(name, values[name], values[name] > 0, "must be > 0") for name in positive]
-        + [(name, values[name], 0.0 <= values[name] <= 1.0, "must be in [0, 1]") for name in probabilities]
-        + [(name, values[name], values[name] >= 0, "must be >= 0") for name in ("eval_episodes", "checkpoint_every")]
-    )
+    if args.exploration_fraction == 0:  # `linear_schedule` divides by the decay's length
+        flag_checks.flag_error("exploration_fraction", args.exploration_fraction, "must be in (0, 1]")
     if args.learning_starts < args.batch_size:
         flag_checks.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 2 * STACK_NUM + 2):

@@ -153,20 +153,10 @@ def validate_args(args: Args) -> None:
     min_buffer, period = args.num_envs * 2 * (args.burn_in + args.seq_len + args.n_step), args.sequence_period
     checks = [
         ("mask_velocity", True, not args.mask_velocity or args.env_id.startswith("CartPole"), "only for CartPole"),
-        ("num_envs", args.num_envs, args.num_envs >= 1, "at least 1"),
-        ("burn_in", args.burn_in, args.burn_in >= 0, "at least 0"),
-        ("sequence_period", period, 1 <= period <= args.seq_len, f"1 to --seq-len={args.seq_len}, else steps go untrained"),
-        ("n_step", args.n_step, 1 <= args.n_step <= args.seq_len, f"1 <= n-step <= --seq-len={args.seq_len}"),
-        ("batch_size", args.batch_size, args.batch_size >= 1, "at least 1"),
+        ("sequence_period", period, period <= args.seq_len, f"1 to --seq-len={args.seq_len}, else steps go untrained"),
+        ("n_step", args.n_step, args.n_step <= args.seq_len, f"1 <= n-step <= --seq-len={args.seq_len}"),
         ("buffer_size", args.buffer_size, args.buffer_size >= min_buffer, f"at least {min_buffer}: two windows per env"),
-        ("replay_ratio", args.replay_ratio, args.replay_ratio > 0, "> 0"),
-        ("target_network_frequency", args.target_network_frequency, args.target_network_frequency >= 1, "at least 1"),
-        ("start_e", args.start_e, 0 <= args.start_e <= 1, "in [0, 1]"),
-        ("end_e", args.end_e, 0 <= args.end_e <= 1, "in [0, 1]"),
-        ("exploration_fraction", args.exploration_fraction, 0 <= args.exploration_fraction <= 1, "in [0, 1]"),
-        ("priority_eta", args.priority_eta, 0 <= args.priority_eta <= 1, "in [0, 1]"),
         ("total_timesteps", args.total_timesteps, args.total_timesteps >= args.num_envs, "at least --num-envs"),
-        ("checkpoint_every", args.checkpoint_every, args.checkpoint_every >= 0, "at least 0 (0: only on a signal)"),
     ]
     flag_checks.check_flags(checks)
     obs_shape = observe(np.zeros((1, *spec.observation_space.shape)), args.mask_velocity).shape[1:]

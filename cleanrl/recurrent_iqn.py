@@ -13,7 +13,6 @@ Docs: docs/rl-algorithms/recurrent_iqn.md
 import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
 
 import functools
-import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -171,17 +170,13 @@ def validate_args(args):
     flag_checks.check_env_id(args.env_id, atari=False)  # MinAtar's grids are not Atari's frames
     if args.mask_velocity and not args.env_id.startswith("CartPole"):
         flag_checks.flag_error("mask_velocity", True, f"only defined for CartPole, not --env-id={args.env_id}")
-    counts = "num_envs seq_len batch_size n_step num_tau_samples num_tau_prime_samples num_quantile_samples eval_episodes"
-    flag_checks.check_flags([(flag, getattr(args, flag), getattr(args, flag) >= 1, "at least 1") for flag in counts.split()])
     two_windows = 2 * (args.burn_in + args.seq_len + args.n_step) * args.num_envs
     windows_rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
-    video_ok = not args.capture_video or all(importlib.util.find_spec(name) for name in ("moviepy", "pygame"))
     flag_checks.check_flags(
         [
             ("buffer_size", args.buffer_size, args.buffer_size >= two_windows, windows_rule),
-            ("replay_ratio", args.replay_ratio, args.replay_ratio > 0, "must be positive"),
-            ("checkpoint_every", args.checkpoint_every, args.checkpoint_every >= 0, "must be at least 0"),
-            ("capture_video", True, video_ok, "needs moviepy and pygame (pip install 'cleanrl-q[video]')"),
+            # `evaluate` splits the episodes over min(--eval-episodes, 32) environments
+            ("eval_episodes", args.eval_episodes, args.eval_episodes >= 1, "must be >= 1"),
         ]
     )
     space = flag_checks.check_env_id(args.env_id).observation_space  # the spec only: no environment is built

@@ -26,11 +26,11 @@ FLAG_RANGES = {
     **dict.fromkeys(
         ("gamma", "q_lambda", "start_e", "end_e", "eval_epsilon", "priority_eta"), (lambda v: 0 <= v <= 1, "in [0, 1]")
     ),
+    # Schaul et al.'s exponents: alpha 0 is uniform replay, 1 full prioritization; beta 1 fully corrects the bias.
+    **dict.fromkeys(("prioritized_replay_alpha", "prioritized_replay_beta"), (lambda v: 0 <= v <= 1, "in [0, 1]")),
     "exploration_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]"),
     **dict.fromkeys(
         (
-            "prioritized_replay_alpha",
-            "prioritized_replay_beta",
             "epsilon_alpha",
             "learning_starts",
             "burn_in",
@@ -55,7 +55,7 @@ VIDEO_MODULES = {
 COUNT_FLAGS = (  # numbers of things: at least 1
     "total_timesteps num_envs num_steps num_minibatches update_epochs batch_size buffer_size seq_len n_step "
     "train_frequency target_network_frequency hidden_size lstm_size quantile_embedding_dim num_tau_samples "
-    "num_tau_prime_samples num_quantile_samples log_interval max_episode_steps frame_stack"
+    "num_tau_prime_samples num_quantile_samples log_interval max_episode_steps frame_stack sequence_period"
 ).split()
 
 
