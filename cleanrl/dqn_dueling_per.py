@@ -21,16 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cleanrl_q_utils import (
-    command_line,
-    environments,
-    episode_scores,
-    flag_checks,
-    minatar,
-    model_files,
-    run_folder,
-    training_run,
-)
+from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
 
 # 2: the shared checkpoint layout (the state under one "state" entry, the buffer under "rb").
 CHECKPOINT_FORMAT = 2
@@ -473,7 +464,6 @@ def main(args: Args) -> list[float]:
     # A small MLP only pays synchronization for intra-op threads; one thread also frees results from the core count.
     cpu_threads = None if args.env_id.endswith("-v5") else 1
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads) as run:
-        run_folder.seed_everything(args.seed, args.torch_deterministic)
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
         obs_dtype = buffer_obs_dtype(obs_shape)

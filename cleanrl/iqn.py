@@ -21,16 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import (
-    command_line,
-    environments,
-    episode_scores,
-    flag_checks,
-    minatar,
-    model_files,
-    run_folder,
-    training_run,
-)
+from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
 
 
 @dataclass
@@ -375,7 +366,6 @@ def main(args: Args) -> list[float]:
     args = flag_checks.whole_iterations(args)
     # cpu_threads=1: a network this small only pays synchronization for threads
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
-        run_folder.seed_everything(args.seed, args.torch_deterministic)
         device = run.device
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         num_actions, obs_shape = envs.single_action_space.n, envs.single_observation_space.shape

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, run_folder, training_run
+from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, training_run
 
 
 @dataclass
@@ -373,7 +373,6 @@ def main(args: Args) -> list[float]:
     validate_args(args)
     args = flag_checks.whole_iterations(args)
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
-        run_folder.seed_everything(args.seed, args.torch_deterministic)
         device = run.device
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         num_actions, frame_shape = envs.single_action_space.n, envs.single_observation_space.shape[1:]

@@ -20,16 +20,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import (
-    command_line,
-    environments,
-    episode_scores,
-    flag_checks,
-    minatar,
-    model_files,
-    run_folder,
-    training_run,
-)
+from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
 from cleanrl_q_utils.flat_radam import RAdam, flatten_parameters
 
 
@@ -279,7 +270,6 @@ def main(args: Args) -> list[float]:
     epsilon_duration = args.exploration_fraction * args.total_timesteps
     # cpu_threads=1: a network this small gains nothing from intra-op threads; they only add synchronization per call.
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
-        run_folder.seed_everything(args.seed, args.torch_deterministic)
         device = run.device
 
         def to_device(array: np.ndarray) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.optim as optim
 
-from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, run_folder, training_run
+from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, training_run
 
 
 @dataclass
@@ -267,7 +267,6 @@ def main(args: Args) -> list[float]:
     num_iterations = args.total_timesteps // batch_size
     epsilon_duration = args.exploration_fraction * args.total_timesteps
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
-        run_folder.seed_everything(args.seed, args.torch_deterministic)
         device = run.device
 
         def to_device(array: np.ndarray) -> torch.Tensor:

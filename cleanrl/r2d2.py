@@ -22,16 +22,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import (
-    command_line,
-    environments,
-    episode_scores,
-    flag_checks,
-    minatar,
-    model_files,
-    run_folder,
-    training_run,
-)
+from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
 
 CHECKPOINT_FORMAT = 3  # 3: --seq-len counts the trained steps only; --sequence-period
 
@@ -511,7 +502,6 @@ def main(args: Args) -> list[float]:
     validate_args(args)
     args = flag_checks.whole_iterations(args)
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
-        run_folder.seed_everything(args.seed, args.torch_deterministic)
         rng = np.random.default_rng(args.seed)
         device = run.device
 

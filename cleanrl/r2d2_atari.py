@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, run_folder, training_run
+from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, training_run
 
 CHECKPOINT_FORMAT = 3  # 3: the burn-in is a prefix before seq_len trained steps; --sequence-period
 
@@ -486,7 +486,6 @@ def main(args: Args) -> list[float]:
     validate_args(args)
     args = flag_checks.whole_iterations(args)
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
-        run_folder.seed_everything(args.seed, args.torch_deterministic)
         rng = np.random.default_rng(args.seed)
         device = run.device
 

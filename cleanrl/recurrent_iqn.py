@@ -24,16 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cleanrl_q_utils import (
-    command_line,
-    environments,
-    episode_scores,
-    flag_checks,
-    minatar,
-    model_files,
-    run_folder,
-    training_run,
-)
+from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
 from cleanrl_q_utils.lstm_unroll import segment_bounds, unroll_lstm, unroll_lstm_merged
 
 CHECKPOINT_FORMAT = 3  # 3: replay windows with the burn-in before them; the IQN-before-LSTM layer
@@ -598,7 +589,6 @@ def main(args: Args) -> list[float]:
     args = flag_checks.whole_iterations(args)
     # cpu_threads=1: a network this small only pays synchronization for threads
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
-        run_folder.seed_everything(args.seed, args.torch_deterministic)
         device = run.device
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
 

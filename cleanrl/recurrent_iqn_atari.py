@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, run_folder, training_run
+from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, training_run
 from cleanrl_q_utils.lstm_unroll import segment_bounds, unroll_lstm, unroll_lstm_merged
 
 CHECKPOINT_FORMAT = 3  # 3: replay windows with the burn-in before them; the IQN-before-LSTM layer
@@ -562,7 +562,6 @@ def main(args: Args) -> list[float]:
     validate_args(args)
     args = flag_checks.whole_iterations(args)
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
-        run_folder.seed_everything(args.seed, args.torch_deterministic)
         device = run.device
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
 

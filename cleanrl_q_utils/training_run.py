@@ -5,7 +5,7 @@
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)  # --resume: the checkpoint, its flags
     validate_args(args)  # flag ranges (flag_checks), then the script's own cross-flag rules
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:  # start-up block, logs, signals
-        ...build envs, networks, buffers on run.device...
+        ...build envs, networks, buffers on run.device (the generators are seeded)...
         def checkpoint_state(): return {...}  # everything a resumed run needs, listed once
         if checkpoint:
             saved = run.restore(checkpoint_state())  # in place; the script takes its plain numbers from `saved`
@@ -84,6 +84,8 @@ class Run:
         except BaseException as error:  # a signal or an error while starting: nothing of this run is left half made
             self.__exit__(type(error), error, None)
             raise
+        # Seeded last, just before the script builds its envs and networks: those draws repeat with the seed.
+        run_folder.seed_everything(args.seed, getattr(args, "torch_deterministic", True))
 
     def open_run_dir(self, checkpoint: Optional[dict]) -> None:
         args = self.args
