@@ -217,8 +217,10 @@ class DuelingQNetwork(nn.Module):
 
 class SegmentTree:
     """A complete binary tree in one flat array (root at 1, leaf i at `num_leaves + i`, children of k at 2k and 2k+1)
-    whose inner nodes hold `combine` (np.add or np.minimum) of their children. A batch walks up or down the tree
-    together, one level per numpy operation: O(B log n) work, O(log n) Python steps."""
+    whose inner nodes hold `combine` of their children: np.add makes a sum tree for proportional sampling, np.minimum
+    a min tree. A batch walks up or down the tree together, one level per numpy operation: O(B log n) work, O(log n)
+    Python steps. Every script with prioritized replay holds this same class; tests/test_segment_tree.py keeps the
+    copies identical, so a fix made here goes into all of them."""
 
     def __init__(self, capacity: int, combine=np.add, neutral: float = 0.0):
         self.depth = max(1, (capacity - 1).bit_length())
@@ -233,9 +235,10 @@ class SegmentTree:
     def leaves(self, indices: np.ndarray) -> np.ndarray:
         return self.nodes[indices + self.num_leaves]
 
-    def update(self, indices: np.ndarray, values: np.ndarray) -> None:
-        """Sets leaves `indices` to `values`; of repeated indices the last value wins."""
-        indices, values = np.asarray(indices), np.asarray(values, dtype=np.float64)
+    def update(self, indices: np.ndarray, values) -> None:
+        """Sets leaves `indices` to `values` (one per index, or one for all); of repeated indices the last value wins."""
+        indices = np.asarray(indices, dtype=np.int64)
+        values = np.broadcast_to(np.asarray(values, dtype=np.float64), indices.shape)
         # Reversed np.unique keeps the last occurrence: fancy assignment alone leaves duplicates undefined.
         unique, last = np.unique(indices[::-1], return_index=True)
         nodes = unique + self.num_leaves

@@ -216,40 +216,53 @@ class QNetwork(nn.Module):
         return self.value(out) + advantage - advantage.mean(-1, keepdim=True), (h[0], c[0])
 
 
-class SumTree:
-    """Sum tree over `capacity` leaves; vectorized updates and stratified sampling (no loop per item)."""
+class SegmentTree:
+    """A complete binary tree in one flat array (root at 1, leaf i at `num_leaves + i`, children of k at 2k and 2k+1)
+    whose inner nodes hold `combine` of their children: np.add makes a sum tree for proportional sampling, np.minimum
+    a min tree. A batch walks up or down the tree together, one level per numpy operation: O(B log n) work, O(log n)
+    Python steps. Every script with prioritized replay holds this same class; tests/test_segment_tree.py keeps the
+    copies identical, so a fix made here goes into all of them."""
 
-    def __init__(self, capacity: int):
-        self.leaves = 1 << (capacity - 1).bit_length()
-        self.nodes = np.zeros(2 * self.leaves, dtype=np.float64)
+    def __init__(self, capacity: int, combine=np.add, neutral: float = 0.0):
+        self.depth = max(1, (capacity - 1).bit_length())
+        self.num_leaves = 1 << self.depth
+        self.combine = combine
+        self.nodes = np.full(2 * self.num_leaves, neutral, dtype=np.float64)
 
-    def update(self, idx: np.ndarray, values: np.ndarray) -> None:
-        idx = np.asarray(idx, dtype=np.int64) + self.leaves
-        self.nodes[idx] = values
-        while len(idx) and idx[0] > 1:  # all leaves sit at the same depth
-            idx = np.unique(idx // 2)
-            self.nodes[idx] = self.nodes[2 * idx] + self.nodes[2 * idx + 1]
-
-    def total(self) -> float:
+    @property
+    def root(self) -> float:
         return self.nodes[1]
 
-    def get(self, idx: np.ndarray) -> np.ndarray:
-        return self.nodes[np.asarray(idx) + self.leaves]
+    def leaves(self, indices: np.ndarray) -> np.ndarray:
+        return self.nodes[indices + self.num_leaves]
 
-    def sample(self, batch_size: int, rng: np.random.Generator) -> np.ndarray:
-        """One draw in each of `batch_size` equal segments of the total mass."""
-        mass = (np.arange(batch_size) + rng.random(batch_size)) * (self.total() / batch_size)
-        idx = np.ones(batch_size, dtype=np.int64)
-        while idx[0] < self.leaves:
-            left = self.nodes[2 * idx]
-            go_right = mass >= left
-            mass = np.where(go_right, mass - left, mass)
-            idx = 2 * idx + go_right
-        leaf = idx - self.leaves
-        empty = self.nodes[idx] <= 0  # float rounding can end on an empty leaf next to the last full one
-        if empty.any():
-            leaf[empty] = leaf[~empty][0] if (~empty).any() else np.argmax(self.nodes[self.leaves :])
-        return leaf
+    def update(self, indices: np.ndarray, values) -> None:
+        """Sets leaves `indices` to `values` (one per index, or one for all); of repeated indices the last value wins."""
+        indices = np.asarray(indices, dtype=np.int64)
+        values = np.broadcast_to(np.asarray(values, dtype=np.float64), indices.shape)
+        # Reversed np.unique keeps the last occurrence: fancy assignment alone leaves duplicates undefined.
+        unique, last = np.unique(indices[::-1], return_index=True)
+        nodes = unique + self.num_leaves
+        self.nodes[nodes] = values[::-1][last]
+        for _ in range(self.depth):
+            nodes >>= 1
+            # Parents are recomputed from their children rather than shifted by deltas: a parent shared by several
+            # leaves gets the same value from each write, and the sums carry no drift however many updates are made.
+            self.nodes[nodes] = self.combine(self.nodes[2 * nodes], self.nodes[2 * nodes + 1])
+
+    def find_prefix_sum(self, mass: np.ndarray) -> np.ndarray:
+        """Sum tree only. For each mass in [0, root], the leaf i with sum(leaves < i) <= mass < sum(leaves <= i).
+        Never returns a zero leaf: at mass == root, or when rounding pushes the mass past a subtree, the descent
+        stays in the last subtree with positive sum."""
+        mass = np.array(mass, dtype=np.float64)
+        nodes = np.ones(mass.shape, dtype=np.int64)
+        for _ in range(self.depth):
+            left = 2 * nodes
+            left_sum = self.nodes[left]
+            go_right = (mass >= left_sum) & (self.nodes[left + 1] > 0)
+            mass = np.where(go_right, mass - left_sum, mass)
+            nodes = left + go_right
+        return nodes - self.num_leaves
 
 
 def max_sequences(capacity: int, num_envs: int, period: int, window: int) -> int:
@@ -281,7 +294,7 @@ class SequenceReplay:
         # per window: its env, the absolute step of its position 0, [lo, hi), the LSTM state before position 0
         self.seq_env, self.seq_start, self.seq_lo, self.seq_hi = np.zeros((4, self.max_seqs), dtype=np.int64)
         self.seq_h, self.seq_c = np.zeros((2, self.max_seqs, args.lstm_size), dtype=np.float32)
-        self.tree = SumTree(self.max_seqs)
+        self.tree = SegmentTree(self.max_seqs)
         self.open = np.zeros(0, dtype=np.int64)  # windows still being filled (priority 0 until complete)
         self.next_seq, self.t, self.max_priority = 0, 0, 1.0
         self.episode_start = np.zeros(args.num_envs, dtype=np.int64)
@@ -316,7 +329,7 @@ class SequenceReplay:
         self.terminated[:, slot], self.truncated[:, slot] = terminated, truncated
         if t % self.period == 0:  # forget windows whose slots the ring is about to overwrite
             stale = self.seq_start - self.history <= t - self.steps + self.period
-            stale_ids = np.flatnonzero(stale & (self.tree.get(np.arange(self.max_seqs)) > 0))
+            stale_ids = np.flatnonzero(stale & (self.tree.leaves(np.arange(self.max_seqs)) > 0))
             self.tree.update(stale_ids, np.zeros(len(stale_ids)))
         # close windows that are full or whose episode ended with this step's final observation
         env, start = self.seq_env[self.open], self.seq_start[self.open]
@@ -343,9 +356,11 @@ class SequenceReplay:
 
     def sample(self, batch_size: int, rng: np.random.Generator, prioritized_replay_beta: float, device):
         """Prioritized draw of `batch_size` sequences with their normalized importance weights."""
-        ids = self.tree.sample(batch_size, rng)
-        probs = self.tree.get(ids) / self.tree.total()
-        weights = (np.count_nonzero(self.tree.get(np.arange(self.max_seqs))) * probs) ** -prioritized_replay_beta
+        total = self.tree.root
+        mass = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)  # one in each equal segment
+        ids = self.tree.find_prefix_sum(mass)
+        probs = self.tree.leaves(ids) / total
+        weights = (np.count_nonzero(self.tree.leaves(np.arange(self.max_seqs))) * probs) ** -prioritized_replay_beta
         batch = self.gather(ids, device)
         batch["weights"] = torch.as_tensor((weights / weights.max()).astype(np.float32), device=device)
         return ids, batch
@@ -572,7 +587,7 @@ def main(args: Args) -> list[float]:
             last_action, last_reward = actions, np.clip(reward, -1, 1).astype(np.float32)
             is_first, is_reset_step = is_reset_step, terminated | truncated
 
-            if global_step > learn_from and rb.tree.total() > 0:
+            if global_step > learn_from and rb.tree.root > 0:
                 update_credit += updates_per_vector_step
             while update_credit >= 1:
                 update_credit -= 1

@@ -235,31 +235,53 @@ class QNetwork(nn.Module):
         return self.head(features, taus), state
 
 
-class SumTree:
-    """Vectorized sum tree over a fixed number of leaves: O(log n) batched updates and stratified sampling."""
+class SegmentTree:
+    """A complete binary tree in one flat array (root at 1, leaf i at `num_leaves + i`, children of k at 2k and 2k+1)
+    whose inner nodes hold `combine` of their children: np.add makes a sum tree for proportional sampling, np.minimum
+    a min tree. A batch walks up or down the tree together, one level per numpy operation: O(B log n) work, O(log n)
+    Python steps. Every script with prioritized replay holds this same class; tests/test_segment_tree.py keeps the
+    copies identical, so a fix made here goes into all of them."""
 
-    def __init__(self, size):
-        self.leaves = 1 << max(size - 1, 1).bit_length()
-        self.tree = np.zeros(2 * self.leaves)
+    def __init__(self, capacity: int, combine=np.add, neutral: float = 0.0):
+        self.depth = max(1, (capacity - 1).bit_length())
+        self.num_leaves = 1 << self.depth
+        self.combine = combine
+        self.nodes = np.full(2 * self.num_leaves, neutral, dtype=np.float64)
 
-    def update(self, index, priority):
-        index = np.asarray(index) + self.leaves
-        self.tree[index] = priority
-        while index[0] > 1:
-            index = np.unique(index // 2)
-            self.tree[index] = self.tree[2 * index] + self.tree[2 * index + 1]
+    @property
+    def root(self) -> float:
+        return self.nodes[1]
 
-    def sample(self, batch_size):
-        total = self.tree[1]
-        mass = (np.arange(batch_size) + np.random.rand(batch_size)) * total / batch_size
-        mass = np.minimum(mass, np.nextafter(total, 0))
-        index = np.ones(batch_size, dtype=np.int64)
-        while index[0] < self.leaves:
-            left = self.tree[2 * index]
-            go_right = (mass >= left) & (self.tree[2 * index + 1] > 0)  # rounding never ends on an empty leaf
-            mass -= left * go_right
-            index = 2 * index + go_right
-        return index - self.leaves, self.tree[index] / total
+    def leaves(self, indices: np.ndarray) -> np.ndarray:
+        return self.nodes[indices + self.num_leaves]
+
+    def update(self, indices: np.ndarray, values) -> None:
+        """Sets leaves `indices` to `values` (one per index, or one for all); of repeated indices the last value wins."""
+        indices = np.asarray(indices, dtype=np.int64)
+        values = np.broadcast_to(np.asarray(values, dtype=np.float64), indices.shape)
+        # Reversed np.unique keeps the last occurrence: fancy assignment alone leaves duplicates undefined.
+        unique, last = np.unique(indices[::-1], return_index=True)
+        nodes = unique + self.num_leaves
+        self.nodes[nodes] = values[::-1][last]
+        for _ in range(self.depth):
+            nodes >>= 1
+            # Parents are recomputed from their children rather than shifted by deltas: a parent shared by several
+            # leaves gets the same value from each write, and the sums carry no drift however many updates are made.
+            self.nodes[nodes] = self.combine(self.nodes[2 * nodes], self.nodes[2 * nodes + 1])
+
+    def find_prefix_sum(self, mass: np.ndarray) -> np.ndarray:
+        """Sum tree only. For each mass in [0, root], the leaf i with sum(leaves < i) <= mass < sum(leaves <= i).
+        Never returns a zero leaf: at mass == root, or when rounding pushes the mass past a subtree, the descent
+        stays in the last subtree with positive sum."""
+        mass = np.array(mass, dtype=np.float64)
+        nodes = np.ones(mass.shape, dtype=np.int64)
+        for _ in range(self.depth):
+            left = 2 * nodes
+            left_sum = self.nodes[left]
+            go_right = (mass >= left_sum) & (self.nodes[left + 1] > 0)
+            mass = np.where(go_right, mass - left_sum, mass)
+            nodes = left + go_right
+        return nodes - self.num_leaves
 
 
 class SequenceReplay:
@@ -285,7 +307,7 @@ class SequenceReplay:
         self.is_first, self.is_reset_step, self.terminated, self.truncated = (np.zeros((N, C), dtype=bool) for _ in range(4))
         self.state = torch.zeros((N, self.num_windows, 2, state_size), device=device)
         self.pos = 0  # steps written per environment
-        self.priorities = SumTree(N * self.num_windows) if args.prioritized_replay else None
+        self.priorities = SegmentTree(N * self.num_windows) if args.prioritized_replay else None
         self.max_priority = 1.0
 
     def add(self, state, **slot):
@@ -323,7 +345,10 @@ class SequenceReplay:
             envs = np.random.randint(0, self.obs.shape[0], batch_size)
             ids, probs = envs * self.num_windows + windows, None
         else:
-            ids, probs = self.priorities.sample(batch_size)
+            total = self.priorities.root
+            mass = (np.arange(batch_size) + np.random.rand(batch_size)) * total / batch_size  # one in each equal segment
+            ids = self.priorities.find_prefix_sum(np.minimum(mass, np.nextafter(total, 0)))
+            probs = self.priorities.leaves(ids) / total
             envs, windows = ids // self.num_windows, ids % self.num_windows
         slots = (windows[None] * self.seq_len - self.burn_in + np.arange(self.window)[:, None]) % self.capacity  # (T, B)
         batch = {key: getattr(self, key)[envs[None], slots] for key in self.ARRAYS}
@@ -337,7 +362,7 @@ class SequenceReplay:
     def state_dict(self):
         # Tensors sharing the arrays' memory: torch.save writes them without a pickled copy of the whole buffer.
         arrays = {key: torch.from_numpy(getattr(self, key)) for key in self.ARRAYS}
-        tree = None if self.priorities is None else self.priorities.tree
+        tree = None if self.priorities is None else self.priorities.nodes
         return dict(arrays, state=self.state, pos=self.pos, max_priority=self.max_priority, priorities=tree)
 
     def load_state_dict(self, saved):
@@ -346,7 +371,7 @@ class SequenceReplay:
         self.state = saved["state"].to(self.state.device)
         self.pos, self.max_priority = saved["pos"], saved["max_priority"]
         if self.priorities is not None:
-            self.priorities.tree = saved["priorities"]
+            self.priorities.nodes = saved["priorities"]
 
 
 def replay_memory_bytes(args, obs_shape, obs_dtype):

@@ -164,7 +164,7 @@ def test_oversized_buffer_is_refused_before_envs_are_built(module, monkeypatch):
 def test_replay_memory_estimate_matches_the_allocation():
     args = vector_args(buffer_size=4000, prioritized_replay=True)
     rb = recurrent_iqn.SequenceReplay(args, (2,), np.float32, args.lstm_size, torch.device("cpu"))
-    allocated = sum(getattr(rb, key).nbytes for key in rb.ARRAYS) + rb.state.nbytes + rb.priorities.tree.nbytes
+    allocated = sum(getattr(rb, key).nbytes for key in rb.ARRAYS) + rb.state.nbytes + rb.priorities.nodes.nbytes
     assert recurrent_iqn.replay_memory_bytes(args, (2,), np.float32) == allocated
 
 

@@ -11,7 +11,6 @@ from cleanrl.dqn_dueling_per import (
     DuelingQNetwork,
     NStepWindow,
     PrioritizedReplayBuffer,
-    SegmentTree,
     double_q_targets,
     dueling_combine,
     evaluate,
@@ -29,46 +28,6 @@ def filled_buffer(priorities, alpha, capacity=None, seed=0):
     rb.add(np.zeros((n, 2)), np.arange(n), np.zeros(n), np.ones(n), np.zeros((n, 2)))
     rb.update_priorities(np.arange(n), np.asarray(priorities, dtype=np.float64))
     return rb
-
-
-# ---------------------------------------------------------------- trees
-
-
-def test_segment_tree_matches_plain_sum_and_min_with_duplicate_indices():
-    rng = np.random.default_rng(0)
-    capacity = 37  # not a power of two: padded leaves must stay neutral
-    sums, mins = SegmentTree(capacity, np.add, 0.0), SegmentTree(capacity, np.minimum, np.inf)
-    plain = np.zeros(capacity)
-    written = np.zeros(capacity, dtype=bool)
-    for _ in range(200):
-        idx = rng.integers(0, capacity, size=rng.integers(1, 20))  # repeats are frequent
-        val = rng.random(len(idx))
-        sums.update(idx, val)
-        mins.update(idx, val)
-        for i, v in zip(idx, val):  # sequential writes: the last one wins
-            plain[i] = v
-            written[i] = True
-        assert sums.root == pytest.approx(plain.sum(), rel=1e-12)
-        assert mins.root == plain[written].min()
-    np.testing.assert_array_equal(sums.leaves(np.arange(capacity)), plain)
-
-
-def test_find_prefix_sum_against_cumulative_search():
-    rng = np.random.default_rng(1)
-    values = rng.random(100)
-    values[[0, 17, 18, 99]] = 0.0  # zero leaves, including the first and the last
-    tree = SegmentTree(100)
-    tree.update(np.arange(100), values)
-    mass = rng.random(5000) * values.sum()
-    expected = np.searchsorted(np.cumsum(values), mass, side="right")
-    np.testing.assert_array_equal(tree.find_prefix_sum(mass), expected)
-
-
-def test_find_prefix_sum_never_returns_a_zero_leaf_at_the_edges():
-    tree = SegmentTree(8)
-    tree.update(np.arange(5), [0.0, 0.3, 0.0, 0.7, 0.0])  # leaves 5..7 empty
-    got = tree.find_prefix_sum(np.array([0.0, tree.root, tree.root * (1 + 1e-12), 0.3]))
-    np.testing.assert_array_equal(got, [1, 3, 3, 3])
 
 
 # ---------------------------------------------------------------- prioritized buffer

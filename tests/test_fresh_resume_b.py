@@ -60,7 +60,7 @@ def test_r2d2_fresh_resume_trains_no_sequence_across_the_cut(name, tmp_path, mon
     args = module.Args(**flags)
     rb = module.SequenceReplay(args, before["obs"].shape[2:], before["obs"].numpy().dtype)
     rb.load_state_dict(final["state"]["rb"])
-    ids = np.flatnonzero(rb.tree.get(np.arange(rb.max_seqs)) > 0)  # every complete window
+    ids = np.flatnonzero(rb.tree.leaves(np.arange(rb.max_seqs)) > 0)  # every complete window
     first_valid = rb.seq_start[ids] + np.maximum(rb.seq_lo[ids], -rb.history)
     last_valid = rb.seq_start[ids] + rb.seq_hi[ids] - 1
     assert not ((first_valid <= k) & (last_valid > k)).any()  # no window holds steps of both sides

@@ -53,18 +53,6 @@ def test_actor_epsilons(module):
     assert math.isclose(module.actor_epsilons(256)[-1], 0.4**8)
 
 
-def test_sum_tree_samples_in_proportion():
-    tree = r2d2.SumTree(6)
-    priorities = np.array([1.0, 0.0, 3.0, 0.0, 4.0, 2.0])
-    tree.update(np.arange(6), priorities)
-    assert math.isclose(tree.total(), 10.0)
-    rng = np.random.default_rng(0)
-    drawn = np.concatenate([tree.sample(50, rng) for _ in range(400)])
-    counts = np.bincount(drawn, minlength=6) / len(drawn)
-    assert counts[1] == 0 and counts[3] == 0
-    assert np.allclose(counts, priorities / 10.0, atol=0.01)
-
-
 # ---------------------------------------------------------------- sequence replay
 def fill(module, num_envs=3, steps=400, seq_len=5, burn_in=3, sequence_period=5, n_step=2, done_prob=0.06, seed=0):
     """Synthetic episodes: every observation holds its episode's id (unique per run, never 0), the LSTM state
@@ -102,7 +90,7 @@ def fill(module, num_envs=3, steps=400, seq_len=5, burn_in=3, sequence_period=5,
 
 
 def live_ids(rb):
-    return np.flatnonzero(rb.tree.get(np.arange(rb.max_seqs)) > 0)
+    return np.flatnonzero(rb.tree.leaves(np.arange(rb.max_seqs)) > 0)
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -325,16 +313,29 @@ def test_priorities_of_sampled_sequences_change_after_an_update():
     rb, _ = fill(r2d2)
     rng = np.random.default_rng(0)
     ids, batch = rb.sample(8, rng, 0.6, "cpu")
-    before = rb.tree.get(ids).copy()
+    before = rb.tree.leaves(ids).copy()
     assert np.allclose(before, 1.0)  # new sequences enter with the max priority
     q_network, target_network = r2d2.QNetwork((1,), 2, 4), r2d2.QNetwork((1,), 2, 4)
     td, mask, _ = r2d2.sequence_td_errors(q_network, target_network, batch, rb.burn_in, rb.seq_len, 2, 0.99)
     priorities = r2d2.sequence_priorities(td.detach().abs(), mask, 0.9).numpy()
     rb.update_priorities(ids, priorities)
-    after = rb.tree.get(ids)
+    after = rb.tree.leaves(ids)
     assert not np.allclose(after, before)
     assert np.allclose(after, priorities**0.9)
     assert batch["weights"].max() == 1.0
+
+
+def test_sequences_are_drawn_in_proportion_to_their_priority():
+    rb, _ = fill(r2d2)
+    ids = live_ids(rb)
+    scaled = np.array([1.0, 0.0, 3.0, 4.0, 2.0])[np.arange(len(ids)) % 5]  # p^alpha: alpha is 0.9 in fill
+    rb.update_priorities(ids, scaled ** (1 / 0.9))
+    rng = np.random.default_rng(0)
+    drawn = np.concatenate([rb.sample(50, rng, 0.6, "cpu")[0] for _ in range(400)])
+    counts = np.bincount(np.searchsorted(ids, drawn) % 5, minlength=5) / len(drawn)
+    assert np.isin(drawn, ids).all() and counts[1] == 0
+    share = np.array([scaled[i::5].sum() for i in range(5)]) / scaled.sum()
+    np.testing.assert_allclose(counts, share, atol=0.02)
 
 
 # ---------------------------------------------------------------- runs and flags

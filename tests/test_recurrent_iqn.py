@@ -215,19 +215,6 @@ def test_replay_windows_and_stored_state(prioritized):
     assert rb.num_valid() == 2 * 2  # windows starting at 24 and 28 for each env (32 + 6 > 37)
 
 
-def test_sum_tree_samples_in_proportion():
-    tree = recurrent_iqn_atari.SumTree(5)
-    tree.update(np.arange(5), np.array([1.0, 0.0, 3.0, 0.0, 4.0]))
-    np.random.seed(0)
-    counts = np.zeros(5)
-    for _ in range(400):
-        index, probs = tree.sample(16)
-        np.add.at(counts, index, 1)
-        assert np.allclose(probs, np.array([1, 0, 3, 0, 4])[index] / 8)
-    assert counts[1] == counts[3] == 0
-    assert np.allclose(counts / counts.sum(), [1 / 8, 0, 3 / 8, 0, 4 / 8], atol=0.02)
-
-
 def test_reset_step_is_never_trained_on():
     module = recurrent_iqn
     args = small_args(module, num_envs=1, seq_len=6, n_step=2, batch_size=1, buffer_size=64)
@@ -293,12 +280,21 @@ def test_the_loss_trains_the_sequence_after_the_burn_in():
     assert changed == [4, 5, 6, 7]  # the burn-in and the tail only feed the state and the targets
 
 
-def test_sum_tree_never_samples_an_empty_leaf(monkeypatch):
-    tree = recurrent_iqn_atari.SumTree(4)
-    tree.update(np.arange(4), np.array([0.3, 0.0, 0.7, 0.0]))  # 0.3 + 0.7 rounds so that the top mass overshoots
-    monkeypatch.setattr(np.random, "rand", lambda n: np.full(n, np.nextafter(1.0, 0.0)))
-    index, probs = tree.sample(1)
-    assert index.tolist() == [2] and probs[0] == pytest.approx(0.7)
+def test_prioritized_windows_are_drawn_in_proportion_with_their_probabilities():
+    module = recurrent_iqn
+    args = small_args(module, num_envs=2, seq_len=4, n_step=2, buffer_size=2 * 16, prioritized_replay=True)
+    rb = fill_replay(module, args, 37)
+    ids = np.flatnonzero(rb.priorities.leaves(np.arange(2 * rb.num_windows)) > 0)  # the 4 complete windows
+    priorities = np.array([1.0, 0.0, 3.0, 4.0])
+    rb.update_priorities(ids, priorities)
+    np.random.seed(0)
+    counts = np.zeros(4)
+    for _ in range(400):
+        _, _, drawn, probs = rb.sample(16)
+        assert np.isin(drawn, ids).all()
+        np.testing.assert_allclose(probs, priorities[np.searchsorted(ids, drawn)] / 8)
+        np.add.at(counts, np.searchsorted(ids, drawn), 1)
+    np.testing.assert_allclose(counts / counts.sum(), priorities / 8, atol=0.02)
 
 
 @pytest.mark.parametrize("module", MODULES)
