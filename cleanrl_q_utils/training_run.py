@@ -137,7 +137,7 @@ class Run:
             f"every {every} agent steps and at the end" if every else "only when a signal stops the run (--checkpoint-every 0)"
         )
         print(f"  checkpoint: {self.dir}/checkpoint.pt, {when}")
-        if getattr(args, "model_files.save_model", False):
+        if getattr(args, "save_model", False):
             videos = f", videos in {self.dir}/videos/" if getattr(args, "capture_video", False) else ""
             print(f"  model: {self.dir}/{args.exp_name}.cleanrl_model after training, then evaluated{videos}")
         versions = ", ".join(f"{name} {setting[name]}" for name in ("torch", "envpool", "gymnasium"))

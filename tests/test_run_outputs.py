@@ -135,11 +135,12 @@ def test_few_long_updates_are_timed_apart_from_acting(monkeypatch, capsys):
 
 def test_a_run_starts_with_its_setting_and_ends_with_a_summary(capsys):
     pqn = importlib.import_module("cleanrl.pqn")
-    scores = pqn.main(pqn.Args(**TINY["pqn"]))
+    scores = pqn.main(pqn.Args(**TINY["pqn"], save_model=True, eval_episodes=2))
     out = capsys.readouterr().out
     first, run_dir = out.splitlines()[0], glob.glob("runs/*")[0]
     assert first == "pqn.py: CartPole-v1, seed 1, 512 agent steps"
     assert f"run directory: {run_dir}  (watch it: tensorboard --logdir runs)" in out
+    assert f"  model: {run_dir}/pqn.cleanrl_model after training, then evaluated\n" in out
     assert f"device: cpu, 1 thread (no CUDA device found) | torch {torch.__version__}" in out
     last = out.strip().splitlines()[-1]
     assert last.startswith("finished step 512/512 in 00:00:") and f"return(100) {np.mean(scores[-100:]):.2f}" in last
