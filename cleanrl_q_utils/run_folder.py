@@ -1,6 +1,6 @@
 """Where a run writes and what it runs on: the run's name and folder (created exclusively, locked while the run
 lives, and on resume chosen so that a run never writes into another's files), the stop on a full or read-only disk,
-seeding, the device, and the software versions logged with the hyperparameters."""
+seeding, the device, the software versions logged with the hyperparameters, and the start-up block that says it all."""
 
 import contextlib
 import errno
@@ -140,3 +140,33 @@ def check_writable_home(run_dir: str) -> None:
         and not os.access(parent, os.W_OK)
     ):
         stop_on_disk_error(f"error: cannot write to the run folder {run_dir} (read-only); resume where you can write")
+
+
+def print_start_block(args, script: str, run_dir: str, checkpoint, device: torch.device, setting: dict) -> None:
+    """The start-up block, printed before anything slow: what runs, where it logs, on what."""
+    name = os.path.basename(script)
+    if checkpoint:
+        print(f"{name}: resuming {args.env_id}, seed {args.seed}, at step {checkpoint['global_step']}")
+        changed = checkpoint.get("changed")
+        print(f"  flags changed on resume: {', '.join(changed)}" if changed else "  flags: all as in the checkpoint")
+    else:
+        print(f"{name}: {args.env_id}, seed {args.seed}, {args.total_timesteps} agent steps")
+    print(f"  run directory: {run_dir}  (watch it: tensorboard --logdir {os.path.dirname(run_dir) or '.'})")
+    every = args.checkpoint_every
+    when = f"every {every} agent steps and at the end" if every else "only when a signal stops the run (--checkpoint-every 0)"
+    print(f"  checkpoint: {run_dir}/checkpoint.pt, {when}")
+    if getattr(args, "save_model", False):
+        videos = f", videos in {run_dir}/videos/" if getattr(args, "capture_video", False) else ""
+        print(f"  model: {run_dir}/{args.exp_name}.cleanrl_model after training, then evaluated{videos}")
+    versions = ", ".join(f"{package} {setting[package]}" for package in ("torch", "envpool", "gymnasium"))
+    print(f"  device: {setting['device']} | {versions} | git {setting['git']}")
+    if device.type == "cpu" and args.env_id.endswith("-v5"):
+        print(f"warning: Atari on a CPU is slow (the first progress line, in 10 s, gives the time left); {slow_hint(script)}")
+
+
+def slow_hint(script: str) -> str:
+    """Where to go instead of a days-long Atari run on a CPU: the classic-control twin of the script."""
+    name = os.path.basename(script)
+    twin = name.replace("_atari_envpool_lstm", "").replace("_atari_envpool", "").replace("_atari", "")
+    instead = f"cleanrl/{twin}" if twin != name else f"{name} --env-id CartPole-v1"
+    return f"for a first run on a CPU, try `python {instead}` or a smaller --total-timesteps"

@@ -25,7 +25,6 @@ checkpoints; a run stopped by a signal leaves the block with SystemExit(128 + th
 import contextlib
 import os
 import shutil
-import signal
 import threading
 import time
 from typing import Callable, Optional
@@ -35,9 +34,7 @@ import torch
 import torch.nn as nn
 from torch.utils.tensorboard import SummaryWriter
 
-from cleanrl_q_utils import checkpoint_files, environments, episode_scores, model_files, run_folder
-
-HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a closed terminal (SIGHUP) stops a run like SIGTERM
+from cleanrl_q_utils import checkpoint_files, environments, episode_scores, model_files, run_folder, stop_signals
 
 
 class Run:
@@ -56,7 +53,7 @@ class Run:
         self.script = os.path.abspath(script)
         self.start_time, self.eval_scores, self.lock, self.writer = time.time(), None, None, None
         self.learning_resumes_at = None  # set by note_empty_replay
-        self.stop_requested = self.stopped = self.replaying = self.writing = self.training_done = False
+        self.stopped, self.created, self.last_checkpoint = False, checkpoint is None, None
         self.global_step = self.start_step = checkpoint["global_step"] if checkpoint else 0  # last step checkpoint_or_stop saw
         # The step at which the current envs started their first games: 0, or that of the last --resume-fresh-envs.
         # They are seeded with seed + that step (envpool takes 31-bit seeds), so that new games are not the first ones.
@@ -65,19 +62,10 @@ class Run:
         self.env_seed = (args.seed + self.envs_start) % 2**31
         self.device = run_folder.pick_device(args.cuda, cpu_threads)
         self.wandb_id = checkpoint["wandb_id"] if checkpoint else None
-        # A run started with `nohup` (SIGHUP ignored) goes on when its terminal closes, as nohup promises.
-        handled = [sig for sig in HANDLED_SIGNALS if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN]
-        self.previous_handlers = {sig: signal.signal(sig, self._on_signal) for sig in handled}
-        # Python runs a handler once for signals that arrive during one long C call (say, copying a large replay);
-        # the wakeup pipe gets a byte for every signal, so two of them are never taken for one.
-        self.wakeup, wakeup_write = os.pipe()
-        os.set_blocking(self.wakeup, False)
-        os.set_blocking(wakeup_write, False)
-        self.previous_wakeup = signal.set_wakeup_fd(wakeup_write)
+        self.signals = stop_signals.StopSignals(lambda: self.last_checkpoint)
         # TensorBoard writes from a thread of its own, which prints a traceback when the disk is full before the
         # error reaches this thread (and `__exit__`, which says it in one line).
         self.previous_excepthook, threading.excepthook = threading.excepthook, self._thread_exception
-        self.created = checkpoint is None
         try:
             self.open_run_dir(checkpoint)
             self.start_logs(checkpoint)
@@ -107,7 +95,7 @@ class Run:
     def start_logs(self, checkpoint: Optional[dict]) -> None:
         args = self.args
         setting = {"device": run_folder.describe_device(self.device, args.cuda), **run_folder.software_versions(self.script)}
-        self.print_start(setting)
+        run_folder.print_start_block(args, self.script, self.dir, self.checkpoint, self.device, setting)
         if args.track:
             import wandb
 
@@ -122,45 +110,13 @@ class Run:
             rows = "\n".join(f"|{key}|{value}|" for key, value in {**vars(args), **setting}.items())
             self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
 
-    def print_start(self, setting: dict) -> None:
-        """The start-up block, printed before anything slow: what runs, where it logs, on what."""
-        args, script = self.args, os.path.basename(self.script)
-        if self.checkpoint:
-            print(f"{script}: resuming {args.env_id}, seed {args.seed}, at step {self.checkpoint['global_step']}")
-            changed = self.checkpoint.get("changed")
-            print(f"  flags changed on resume: {', '.join(changed)}" if changed else "  flags: all as in the checkpoint")
-        else:
-            print(f"{script}: {args.env_id}, seed {args.seed}, {args.total_timesteps} agent steps")
-        print(f"  run directory: {self.dir}  (watch it: tensorboard --logdir {os.path.dirname(self.dir) or '.'})")
-        every = args.checkpoint_every
-        when = (
-            f"every {every} agent steps and at the end" if every else "only when a signal stops the run (--checkpoint-every 0)"
-        )
-        print(f"  checkpoint: {self.dir}/checkpoint.pt, {when}")
-        if getattr(args, "save_model", False):
-            videos = f", videos in {self.dir}/videos/" if getattr(args, "capture_video", False) else ""
-            print(f"  model: {self.dir}/{args.exp_name}.cleanrl_model after training, then evaluated{videos}")
-        versions = ", ".join(f"{name} {setting[name]}" for name in ("torch", "envpool", "gymnasium"))
-        print(f"  device: {setting['device']} | {versions} | git {setting['git']}")
-        if self.device.type == "cpu" and args.env_id.endswith("-v5"):
-            print(
-                f"warning: Atari on a CPU is slow (the first progress line, in 10 s, gives the time left); {self.slow_hint()}"
-            )
-
-    def slow_hint(self) -> str:
-        """Where to go instead of a days-long Atari run on a CPU: the classic-control twin of the script."""
-        name = os.path.basename(self.script)
-        twin = name.replace("_atari_envpool_lstm", "").replace("_atari_envpool", "").replace("_atari", "")
-        instead = f"cleanrl/{twin}" if twin != name else f"{name} --env-id CartPole-v1"
-        return f"for a first run on a CPU, try `python {instead}` or a smaller --total-timesteps"
-
     def progress(self, start_step: int, updates_per_step: float = 0.0) -> episode_scores.Progress:
         """The progress line of this run, its time left measured from the step learning (re)starts at (with
         `updates_per_step`: from the acting time per step and the time per update, see `Progress`); Atari on a CPU
         warns with the first estimate if the run would take over a day more."""
         slow = self.device.type == "cpu" and self.args.env_id.endswith("-v5")
         learning_starts = self.learning_resumes_at or getattr(self.args, "learning_starts", 0)
-        hint = self.slow_hint() if slow else None
+        hint = run_folder.slow_hint(self.script) if slow else None
         return episode_scores.Progress(
             self.args.total_timesteps, start_step, learning_starts, slow_hint=hint, updates_per_step=updates_per_step
         )
@@ -176,7 +132,7 @@ class Run:
     def save_and_evaluate(self, network: nn.Module, evaluate: Callable, device: torch.device) -> list[float]:
         """--save-model at the end of training: writes the model file, then plays the evaluation episodes with it
         (recorded with --capture-video), logs their scores and prints their mean."""
-        if self.stop_requested:  # asked to stop before the loop took a step (a resume of a finished run)
+        if self.signals.stop_requested:  # asked to stop before the loop took a step (a resume of a finished run)
             self.stopped = True
             print(f"stopped before the final evaluation; the checkpoint is unchanged: {self.last_checkpoint}")
             return []
@@ -207,47 +163,15 @@ class Run:
             recent += f" | evaluation {np.mean(self.eval_scores):.2f} over {len(self.eval_scores)} episodes"
         print(f"{line} | {recent} | {self.dir}")
 
-    def _on_signal(self, signum, frame):
-        self.signum, arrived, name = signum, 1, signal.Signals(signum).name
-        with contextlib.suppress(BlockingIOError):
-            arrived = len(os.read(self.wakeup, 64))
-        last = self.last_checkpoint or "none"
-        if self.writing and (self.stop_requested or arrived > 1):
-            # A checkpoint is being written by another thread, inside torch: the process ends now, without the
-            # interpreter's shutdown (which would abort that thread); the temporary file is removed by `save`'s caller
-            # never returning, so it is removed here. The logs were flushed before the write began.
-            with contextlib.suppress(OSError):
-                os.remove(self.writing)
-            print(f"exiting at once on {name}, during a checkpoint write; last good checkpoint: {last}", flush=True)
-            os._exit(128 + signum)
-        if self.training_done:
-            self.restore_handlers()
-            print(f"exiting on {name}: training had finished; the final evaluation is not done; last checkpoint: {last}")
-            raise SystemExit(128 + signum)
-        if self.stop_requested or self.replaying or arrived > 1:  # a second signal, or nothing new to save yet: exit at once
-            self.restore_handlers()
-            print(f"exiting at once on {name}; last good checkpoint: {last}")
-            raise SystemExit(128 + signum)
-        self.stop_requested = True
-        print(f"{name}: stopping after this step, with a checkpoint; a second signal exits at once")
-
     def _thread_exception(self, hook_args) -> None:
         if not (isinstance(hook_args.exc_value, OSError) and hook_args.exc_value.errno in run_folder.DISK_ERRORS):
             self.previous_excepthook(hook_args)
 
-    def restore_handlers(self) -> None:
-        threading.excepthook = self.previous_excepthook
-        for sig, handler in self.previous_handlers.items():
-            signal.signal(sig, handler)
-        if self.wakeup is not None:
-            os.close(signal.set_wakeup_fd(self.previous_wakeup))
-            os.close(self.wakeup)
-            self.wakeup = None
-
     def close(self, remove_if_new: bool = False) -> None:
         """Restores the signal handlers, closes the logs, releases the lock. `remove_if_new`: a run folder this run
         created and that holds no checkpoint (a run stopped before its first step) is removed, not left empty."""
-        self.restore_handlers()
+        self.signals.restore()
+        threading.excepthook = self.previous_excepthook
         if self.writer is not None:
             with contextlib.suppress(OSError):
                 self.writer.close()
@@ -273,7 +197,7 @@ class Run:
                 f"error: writing{where} failed: {error.strerror or error}; last good checkpoint: {last}"
             )
         if kind is None and self.stopped:  # stopped by a signal, checkpoint written: exit as the signal asked
-            raise SystemExit(128 + self.signum)
+            raise SystemExit(128 + self.signals.signum)
 
     def fast_forward(self, envs, action_log: np.ndarray, obs: np.ndarray, stats, action_dtype=np.int64):
         """Brings the envs, just built with `run.env_seed`, on from the checkpoint; returns (envs, obs) for the loop.
@@ -298,9 +222,9 @@ class Run:
         start_row = self.envs_start // envs_count
         if start_row > 0:  # envs started fresh at that step, whose first step was a reset step
             envs, action_log = environments.FirstStepIsReset(envs), action_log[start_row:]
-        self.replaying = True
+        self.signals.replaying = True
         environments.replay_actions(envs, action_log, obs, action_dtype)
-        self.replaying = False
+        self.signals.replaying = False
         return envs, obs
 
     def restore(self, state: dict) -> dict:
@@ -339,23 +263,23 @@ class Run:
 
     def note_writing(self, temporary_file) -> None:
         """The temporary file a checkpoint is being written to (False when none): a second signal removes it."""
-        self.writing = temporary_file
+        self.signals.writing = temporary_file
 
     def checkpoint_or_stop(self, global_step: int, steps: int, last: bool, state: Callable[[], dict]) -> bool:
         """Call once at the end of every iteration, after its logging, with the `steps` it took. Writes a checkpoint
         when global_step crossed a multiple of --checkpoint-every, at the last iteration (if checkpointing), or when
         a signal asked to stop; returns True when the loop must stop."""
-        every, stopping = self.args.checkpoint_every, self.stop_requested  # read once: a later signal waits a step
+        every, stopping = self.args.checkpoint_every, self.signals.stop_requested  # read once: a later signal waits a step
         self.global_step = global_step
         crossed = every > 0 and global_step // every > (global_step - steps) // every
         saved = crossed or stopping or (every > 0 and last)
         if saved:
             self.save(global_step, state())
-        if last and self.stop_requested and not stopping:  # asked to stop during the last step: stop, as promised
+        if last and self.signals.stop_requested and not stopping:  # asked to stop during the last step: stop, as promised
             stopping = True
             if not saved:
                 self.save(global_step, state())
-        self.training_done = last and not stopping
+        self.signals.training_done = last and not stopping
         if stopping:
             self.stopped = True
             print(
