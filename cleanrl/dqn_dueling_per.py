@@ -435,28 +435,6 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     return stats.scores
 
 
-def train_step(args: Args, run: training_run.Run, q_network, target_network, optimizer, rb, global_step: int, device):
-    """One gradient step on a prioritized batch, then the batch's new priorities. Returns the loss, the mean
-    Q-value of the replayed actions (both as 0-d tensors) and beta."""
-    beta = linear_schedule(args.prioritized_replay_beta, 1.0, args.total_timesteps, global_step)
-    batch, indices, weights = rb.sample(args.batch_size, beta)
-    b_obs, b_actions, b_returns, b_discounts, b_next_obs = (torch.as_tensor(x, device=device) for x in batch)
-    # One online pass over obs and next obs: for small networks the per-call overhead dominates.
-    q_online, next_q_online = q_network(torch.cat([b_obs, b_next_obs])).split(args.batch_size)
-    with torch.no_grad():
-        targets = double_q_targets(b_returns, b_discounts, next_q_online, target_network(b_next_obs))
-    q_taken = q_online.gather(1, b_actions[:, None]).squeeze(1)
-    loss = weighted_huber_loss(q_taken, targets, torch.as_tensor(weights, device=device))
-    if args.anneal_lr:
-        optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
-    optimizer.zero_grad()
-    loss.backward()
-    run.clip_grad_norm(q_network.parameters(), args.max_grad_norm, global_step)
-    optimizer.step()
-    rb.update_priorities(indices, (targets - q_taken).detach().abs().cpu().numpy() + args.prioritized_replay_eps)
-    return loss.detach(), q_taken.detach().mean(), beta
-
-
 def main(args: Args) -> list[float]:
     args = minatar.with_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:
@@ -481,7 +459,6 @@ def main(args: Args) -> list[float]:
         stats = episode_scores.EpisodeStats(args.num_envs)
 
         num_iterations = args.total_timesteps // args.num_envs
-        steps_per_update = args.train_frequency // args.num_envs
         # Every envs.step's actions, so that a resumed run can bring the envs back by replaying them.
         action_log = np.zeros((num_iterations, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
         obs, _ = envs.reset()
@@ -533,9 +510,24 @@ def main(args: Args) -> list[float]:
             rb.add(*window.push(obs, actions, rewards, terminated, truncated, next_obs, is_reset_step))
             obs, is_reset_step = next_obs, terminated | truncated
 
-            if global_step > learning_starts and iteration % steps_per_update == 0:
-                loss, q_mean, beta = train_step(args, run, q_network, target_network, optimizer, rb, global_step, device)
-                losses[updates % 100], q_means[updates % 100] = loss, q_mean
+            if global_step > learning_starts and global_step % args.train_frequency == 0:
+                beta = linear_schedule(args.prioritized_replay_beta, 1.0, args.total_timesteps, global_step)
+                batch, indices, weights = rb.sample(args.batch_size, beta)
+                b_obs, b_actions, b_returns, b_discounts, b_next_obs = (torch.as_tensor(x, device=device) for x in batch)
+                # One online pass over obs and next obs: for small networks the per-call overhead dominates.
+                q_online, next_q_online = q_network(torch.cat([b_obs, b_next_obs])).split(args.batch_size)
+                with torch.no_grad():
+                    targets = double_q_targets(b_returns, b_discounts, next_q_online, target_network(b_next_obs))
+                q_taken = q_online.gather(1, b_actions[:, None]).squeeze(1)
+                loss = weighted_huber_loss(q_taken, targets, torch.as_tensor(weights, device=device))
+                if args.anneal_lr:
+                    optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
+                optimizer.zero_grad()
+                loss.backward()
+                run.clip_grad_norm(q_network.parameters(), args.max_grad_norm, global_step)
+                optimizer.step()
+                rb.update_priorities(indices, (targets - q_taken).detach().abs().cpu().numpy() + args.prioritized_replay_eps)
+                losses[updates % 100], q_means[updates % 100] = loss.detach(), q_taken.detach().mean()
                 updates += 1
                 if global_step - last_target_update >= args.target_network_frequency:
                     target_network.load_state_dict(q_network.state_dict())
