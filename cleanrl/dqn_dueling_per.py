@@ -23,8 +23,7 @@ import torch.nn.functional as F
 
 from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
 
-# 2: the shared checkpoint layout (the state under one "state" entry, the buffer under "rb").
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 2  # the shared checkpoint layout: the state under one "state" entry, the buffer under "rb"
 
 
 @dataclass
@@ -107,9 +106,8 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# The configuration a MinAtar id runs with (flags given on the command line win). Provisional, from Young & Tian's
-# DQN and not yet tuned by a sweep (docs/rl-algorithms/dqn_dueling_per.md): their budget, exploration and replay
-# ratio (a batch of 32 per agent step, here a batch of 256 every 8 steps), a target copy every 1,000 updates.
+# The configuration a MinAtar id runs with (flags given on the command line win): Young & Tian's, provisional (the docs
+# page says how it maps theirs: a batch of 32 per agent step as 256 every 8 steps, a target copy every 1,000 updates).
 MINATAR_DEFAULTS = dict(
     total_timesteps=5_000_000,
     learning_rate=2.5e-4,
@@ -122,7 +120,6 @@ MINATAR_DEFAULTS = dict(
 
 
 def validate_args(args: Args) -> None:
-    """Stops with one clear message on a flag combination the algorithm cannot run, before anything is built."""
     flag_checks.check_common_flags(args)
     # The buffer must hold a batch, and the first n-step window of every env.
     minimum = max(args.batch_size, args.num_envs * args.n_step)
@@ -151,8 +148,7 @@ def buffer_obs_dtype(obs_shape: tuple):
 
 def make_env(env_id: str, num_envs: int, seed: int):
     """Vectorized envpool environments, for training and evaluation alike; Atari with the DQN preprocessing: a lost life
-    ends an episode (envpool then plays no-ops and FIRE) and rewards are clipped (true scores come from `true_game_end`).
-    MinAtar games come through gymnasium, played as Young & Tian's protocol has them."""
+    ends an episode (envpool then plays no-ops and FIRE) and rewards are clipped (true scores come from `true_game_end`)."""
     if minatar.is_minatar(env_id):
         return minatar.make_envs(env_id, num_envs, seed)
     kwargs = dict(num_threads=1)  # cheaper than a thread pool for classic control's tiny steps
@@ -175,15 +171,13 @@ def dueling_combine(value: torch.Tensor, advantage: torch.Tensor) -> torch.Tenso
 
 
 class DuelingQNetwork(nn.Module):
-    """A shared torso, then two-layer value and advantage streams. The torso: the Nature CNN for Atari's stacked frames
-    (4, 84, 84); for MinAtar's (10, 10, C) grids Young & Tian's one convolution of 16 filters 3x3, with their 128 units
-    as the streams' hidden layers; one dense layer for vectors."""
+    """A torso chosen by the observation's shape (named in `torso_name`), then two-layer value and advantage streams."""
 
     def __init__(self, obs_shape: tuple, num_actions: int, hidden_size: int = 128):
         super().__init__()
         self.is_image = len(obs_shape) == 3 and obs_shape[0] != obs_shape[1]  # (4, 84, 84): channels first
         self.is_grid = len(obs_shape) == 3 and obs_shape[0] == obs_shape[1]  # (10, 10, C): channels last
-        if self.is_grid:
+        if self.is_grid:  # Young & Tian's MinAtar network
             height, width, channels = obs_shape
             self.torso = nn.Sequential(nn.Conv2d(channels, 16, 3), nn.ReLU(), nn.Flatten())
             features, hidden_size = 16 * (height - 2) * (width - 2), 128
@@ -265,12 +259,11 @@ class SegmentTree:
 
 
 class PrioritizedReplayBuffer:
-    """Proportional prioritized replay (Schaul et al. 2016) over n-step transitions, FIFO when full.
-    The sum tree holds p_i^alpha for sampling, the min tree the smallest one for the max IS weight."""
+    """Proportional prioritized replay (Schaul et al. 2016) over n-step transitions, FIFO when full. A row holds obs,
+    action, discounted n-step reward sum, gamma^k of the bootstrap (0 after a termination) and the observation to
+    bootstrap from; the sum tree holds p_i^alpha for sampling, the min tree the smallest one for the max IS weight."""
 
-    # One row per transition: obs, action, discounted n-step reward sum, gamma^k of the bootstrap (0 after a
-    # termination), and the observation to bootstrap from. A sampled batch is these arrays' rows, in this order.
-    ARRAYS = ("obs", "actions", "returns", "discounts", "next_obs")
+    ARRAYS = ("obs", "actions", "returns", "discounts", "next_obs")  # the order of a sampled batch
 
     def __init__(self, capacity: int, obs_shape: tuple, obs_dtype, alpha: float, seed: Optional[int] = None):
         self.capacity, self.alpha = capacity, alpha
@@ -312,8 +305,7 @@ class PrioritizedReplayBuffer:
         self.min_tree.update(indices, scaled)
 
     def state_dict(self) -> dict:
-        """Everything sampling depends on. The filled slots only, as tensors: torch.save writes tensor
-        storage straight to the file, where pickling a numpy array would first copy it in memory."""
+        """The filled slots only, as tensors: torch.save writes their storage without the copy pickling numpy makes."""
         filled = {name: torch.from_numpy(getattr(self, name)[: self.size]) for name in self.ARRAYS}
         trees = dict(sum_tree=self.sum_tree.nodes.copy(), min_tree=self.min_tree.nodes.copy())
         return dict(filled, **trees, max_priority=self.max_priority, pos=self.pos, size=self.size)
