@@ -23,6 +23,8 @@ import torch.nn as nn
 
 from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
 
+CHECKPOINT_FORMAT = 2  # the layout of checkpoint.pt: a resume refuses files of another format
+
 
 @dataclass
 class Args:
@@ -108,9 +110,8 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# The configuration a MinAtar id runs with (flags given on the command line win). Provisional, not yet tuned by a
-# sweep (docs/rl-algorithms/iqn.md): Young & Tian's budget, replay size and exploration, and Revisiting Rainbow's
-# update of a batch of 32 every 4 steps.
+# The configuration a MinAtar id runs with (flags given on the command line win), provisional: Young & Tian's budget,
+# replay size and exploration, and Revisiting Rainbow's update of a batch of 32 every 4 steps.
 MINATAR_DEFAULTS = dict(
     total_timesteps=5_000_000,
     num_envs=4,
@@ -135,9 +136,8 @@ def validate_args(args: Args) -> None:
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 4):
         needs = f"must hold --learning-starts={args.learning_starts} steps and at least 4 steps per environment"
         flag_checks.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
-    flag_checks.check_memory(
-        replay_memory_bytes(args, spec.observation_space.shape), "the replay", f"--buffer-size={args.buffer_size}"
-    )
+    needed = replay_memory_bytes(args, spec.observation_space.shape)
+    flag_checks.check_memory(needed, "the replay", f"--buffer-size={args.buffer_size}")
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
@@ -153,18 +153,14 @@ def cosine_embedding(taus: torch.Tensor, embedding_dim: int) -> torch.Tensor:
 
 
 class QuantileNetwork(nn.Module):
-    """Z(x, tau) = head(psi(x) * phi(tau)): the tau-quantiles of the return of every action.
-
-    x (B, *obs_shape) and taus (B, N) -> (B, N, num_actions). The state features psi(x) are computed once per state
-    and multiplied element-wise by the embedding phi(tau) = ReLU(Linear(cos(pi i tau))) of each quantile level.
-    psi of a vector is one dense layer; of MinAtar's (10, 10, C) grid, Young & Tian's convolution of 16 filters 3x3
-    (as the Nature CNN is IQN's psi on Atari), and their 128 units are the head's hidden layer.
-    """
+    """Z(x, tau) = head(psi(x) * phi(tau)): the tau-quantiles of the return of every action. x (B, *obs_shape) and
+    taus (B, N) -> (B, N, num_actions). psi(x), a torso chosen by the observation's shape (`torso_name`), is computed
+    once per state and multiplied element-wise by the embedding phi(tau) = ReLU(Linear(cos(pi i tau))) of each level."""
 
     def __init__(self, obs_shape: tuple, num_actions: int, embedding_dim: int, hidden_size: int):
         super().__init__()
         self.embedding_dim, self.is_grid = embedding_dim, len(obs_shape) == 3
-        if self.is_grid:
+        if self.is_grid:  # Young & Tian's MinAtar network
             height, width, channels = obs_shape
             self.torso = nn.Sequential(nn.Conv2d(channels, 16, 3), nn.ReLU(), nn.Flatten())
             features, hidden_size = 16 * (height - 2) * (width - 2), 128
@@ -198,12 +194,11 @@ class Batch(NamedTuple):
 class ReplayBuffer:
     """Uniform replay that stores every observation once, in one ring of `capacity // num_envs` slots per environment.
 
-    Slot t of environment e holds observation o_t, the action taken at o_t, and the reward and `terminated` flag of
-    the step that followed; o_{t+1} is slot t + 1 of the same ring, so a transition costs one observation, not two.
-    `valid[e, t]` is False when the step after t was envpool's reset step, which is never a transition.
-    A sample from o_t runs over up to `n_step` steps of the same episode: it stops after a termination, at an
-    episode's last observation (a time-out, bootstrapped from there) and at the newest stored step.
-    iqn_atari.py's buffer is this one plus the rebuilding of 4-frame stacks from single frames.
+    Slot t of environment e holds o_t, the action taken at o_t, and the reward and `terminated` flag of the step that
+    followed; o_{t+1} is slot t + 1, so a transition costs one observation, not two. `valid[e, t]` is False when the
+    step after t was envpool's reset step, never a transition. A sample from o_t runs over up to `n_step` steps of one
+    episode: it stops after a termination, at an episode's last observation (a time-out, bootstrapped from there) and
+    at the newest stored step. iqn_atari.py's buffer is this one plus the rebuilding of 4-frame stacks from single frames.
     """
 
     def __init__(self, capacity, num_envs, obs_shape, device, rng, n_step=1, gamma=0.99):
@@ -352,9 +347,6 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
             score = 0.0
     envs.close()
     return scores
-
-
-CHECKPOINT_FORMAT = 2  # the layout of checkpoint.pt: a resume refuses files of another format
 
 
 def main(args: Args) -> list[float]:
