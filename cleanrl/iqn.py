@@ -222,9 +222,8 @@ class ReplayBuffer:
     def sample(self, batch_size: int) -> Batch:
         # Logical steps still stored whose successor o_{t+1} is already written.
         low = max(0, self.num_added - self.ring)
-        env = self.rng.integers(self.num_envs, size=batch_size)
-        t = self.rng.integers(low, self.num_added - 1, size=batch_size)
-        invalid = ~self.valid[env, t % self.ring]
+        env, t = np.zeros(batch_size, dtype=np.int64), np.zeros(batch_size, dtype=np.int64)
+        invalid = np.ones(batch_size, dtype=bool)
         while invalid.any():  # rejection keeps sampling uniform over real transitions, O(1) expected per item
             env[invalid] = self.rng.integers(self.num_envs, size=invalid.sum())
             t[invalid] = self.rng.integers(low, self.num_added - 1, size=invalid.sum())
@@ -337,16 +336,13 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     model = QuantileNetwork(obs_shape, num_actions, args.quantile_embedding_dim, args.hidden_size).to(device)
     model_files.load_weights(model, model_path, device)
     obs, _ = envs.reset(seed=seed) if args.capture_video else envs.reset()
-    scores, score = [], 0.0
-    while len(scores) < args.eval_episodes:
-        actions = act(model, obs, args.eval_epsilon, args.num_quantile_samples)
-        obs, rewards, terminated, truncated, _ = envs.step(actions)
-        score += float(rewards[0])  # the reset step between episodes has reward 0
-        if terminated[0] or truncated[0]:
-            scores.append(score)
-            score = 0.0
+    stats, is_reset_step = episode_scores.EpisodeStats(1), np.zeros(1, dtype=bool)
+    while len(stats.scores) < args.eval_episodes:
+        obs, rewards, terminated, truncated, _ = envs.step(act(model, obs, args.eval_epsilon, args.num_quantile_samples))
+        stats.update(rewards, is_reset_step, terminated | truncated)
+        is_reset_step = terminated | truncated  # the next step only resets (NEXT_STEP autoreset)
     envs.close()
-    return scores
+    return stats.scores
 
 
 def main(args: Args) -> list[float]:
@@ -375,7 +371,7 @@ def main(args: Args) -> list[float]:
         stats = episode_scores.EpisodeStats(args.num_envs)
         obs, _ = envs.reset()  # envpool is seeded at construction
         is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
-        iteration = updates = 0
+        iteration, updates, learn_after = 0, 0, args.learning_starts  # updates run once global_step > learn_after
 
         def checkpoint_state() -> dict:
             return {
@@ -392,7 +388,6 @@ def main(args: Args) -> list[float]:
                 **({"rb": rb} if args.checkpoint_replay else {}),
             }
 
-        learn_after = args.learning_starts  # global_step after which updates run
         if checkpoint:
             saved = run.restore({**checkpoint_state(), "action_log": action_log})  # the saved log fills its first rows
             iteration, updates = saved["iteration"], saved["updates"]
@@ -403,21 +398,17 @@ def main(args: Args) -> list[float]:
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
                 learn_after = iteration * args.num_envs + args.learning_starts
                 run.note_empty_replay(learn_after)
-        global_step = iteration * args.num_envs
-        progress = run.progress(global_step)
-        while global_step < args.total_timesteps:
-            global_step += args.num_envs
+        progress = run.progress(iteration * args.num_envs)
+        for iteration in range(iteration + 1, num_iterations + 1):
+            global_step = iteration * args.num_envs
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
             actions = act(q_network, obs, epsilon, args.num_quantile_samples, warm_up=global_step <= args.learning_starts)
-            action_log[iteration] = actions
-            iteration += 1
+            action_log[iteration - 1] = actions
             next_obs, rewards, terminated, truncated, infos = envs.step(actions)
-
             # NEXT_STEP autoreset: after a last step, envpool's next step is a reset step, never a transition.
             rb.add(obs, actions, rewards, terminated, valid=~is_reset_step)
             stats.update(rewards, is_reset_step, terminated | truncated, run.writer, global_step)  # time-outs too
-            is_reset_step = terminated | truncated
-            obs = next_obs
+            obs, is_reset_step = next_obs, terminated | truncated
 
             if global_step > learn_after:
                 if args.anneal_lr:
@@ -439,7 +430,7 @@ def main(args: Args) -> list[float]:
                     target_network.load_state_dict(q_network.state_dict())
 
             progress.print(global_step, stats.recent)
-            if run.checkpoint_or_stop(global_step, args.num_envs, global_step >= args.total_timesteps, checkpoint_state):
+            if run.checkpoint_or_stop(global_step, args.num_envs, iteration == num_iterations, checkpoint_state):
                 break
 
         envs.close()
