@@ -153,9 +153,8 @@ def cosine_embedding(taus: torch.Tensor, embedding_dim: int) -> torch.Tensor:
 
 
 class QuantileNetwork(nn.Module):
-    """Z(x, tau) = head(psi(x) * phi(tau)): the tau-quantiles of the return of every action. x (B, *obs_shape) and
-    taus (B, N) -> (B, N, num_actions). psi(x), a torso chosen by the observation's shape (`torso_name`), is computed
-    once per state and multiplied element-wise by the embedding phi(tau) = ReLU(Linear(cos(pi i tau))) of each level."""
+    """Z(x, tau) = head(psi(x) * phi(tau)), the tau-quantiles of every action's return: x (B, *obs_shape) and taus (B, N)
+    -> (B, N, num_actions). psi(x) is computed once per state, phi(tau) = ReLU(Linear(cos(pi i tau))) once per level."""
 
     def __init__(self, obs_shape: tuple, num_actions: int, embedding_dim: int, hidden_size: int):
         super().__init__()
@@ -193,13 +192,11 @@ class Batch(NamedTuple):
 
 class ReplayBuffer:
     """Uniform replay that stores every observation once, in one ring of `capacity // num_envs` slots per environment.
-
     Slot t of environment e holds o_t, the action taken at o_t, and the reward and `terminated` flag of the step that
     followed; o_{t+1} is slot t + 1, so a transition costs one observation, not two. `valid[e, t]` is False when the
     step after t was envpool's reset step, never a transition. A sample from o_t runs over up to `n_step` steps of one
     episode: it stops after a termination, at an episode's last observation (a time-out, bootstrapped from there) and
-    at the newest stored step. iqn_atari.py's buffer is this one plus the rebuilding of 4-frame stacks from single frames.
-    """
+    at the newest stored step. iqn_atari.py's buffer is this one plus the rebuilding of 4-frame stacks."""
 
     def __init__(self, capacity, num_envs, obs_shape, device, rng, n_step=1, gamma=0.99):
         self.ring = capacity // num_envs
@@ -325,8 +322,7 @@ def act(q_network: QuantileNetwork, obs, epsilon: float, num_quantile_samples: i
 
 
 def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
-    """Plays `args.eval_episodes` episodes with the saved agent, epsilon-greedy with `args.eval_epsilon`; returns their
-    scores. The environments are seeded with `args.seed + 1`, apart from the training ones."""
+    """Scores of --eval-episodes episodes of the saved agent, epsilon-greedy (--eval-epsilon), on an env seeded --seed + 1."""
     seed = args.seed + 1
     if args.capture_video:
         envs = gym.vector.SyncVectorEnv([lambda: environments.make_video_env(args.env_id, video_folder)])
