@@ -270,8 +270,7 @@ class PrioritizedReplayBuffer:
         self.obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
         self.next_obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
         self.actions = np.zeros(capacity, dtype=np.int64)
-        self.returns = np.zeros(capacity, dtype=np.float32)
-        self.discounts = np.zeros(capacity, dtype=np.float32)
+        self.returns, self.discounts = np.zeros(capacity, dtype=np.float32), np.zeros(capacity, dtype=np.float32)
         self.sum_tree = SegmentTree(capacity, np.add, 0.0)
         self.min_tree = SegmentTree(capacity, np.minimum, np.inf)
         self.max_priority = 1.0  # largest priority seen so far; new transitions enter with it
@@ -399,9 +398,8 @@ def act(q_network: nn.Module, obs: np.ndarray, epsilon: float, num_actions: int,
 
 
 def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
-    """Plays --eval-episodes whole games (--eval-epsilon) on training's envs seeded apart (--seed + 1), one per env: on
-    Atari a lost life ends an episode and envpool serves the next with FIRE. Returns the true scores (raw, all lives).
-    --capture-video plays them in turn on ale-py (FIRE after a lost life too) and records them to the run's videos/ folder."""
+    """True scores (raw, all lives) of --eval-episodes whole games (--eval-epsilon) on training's envs seeded --seed + 1,
+    one per env; --capture-video plays them in turn on ale-py and records them to the run's videos/ folder."""
     spec = flag_checks.check_env_id(args.env_id)
     model = DuelingQNetwork(spec.observation_space.shape, spec.action_space.n, args.hidden_size).to(device)
     model_files.load_weights(model, model_path, device)
