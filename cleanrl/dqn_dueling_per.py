@@ -23,8 +23,7 @@ import torch.nn.functional as F
 
 from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
 
-# 2: the shared checkpoint layout (the state under one "state" entry, the buffer under "rb").
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 2  # the shared checkpoint layout: the state under one "state" entry, the buffer under "rb"
 
 
 @dataclass
@@ -107,9 +106,8 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# The configuration a MinAtar id runs with (flags given on the command line win). Provisional, from Young & Tian's
-# DQN and not yet tuned by a sweep (docs/rl-algorithms/dqn_dueling_per.md): their budget, exploration and replay
-# ratio (a batch of 32 per agent step, here a batch of 256 every 8 steps), a target copy every 1,000 updates.
+# The configuration a MinAtar id runs with (flags given on the command line win): Young & Tian's, provisional (the docs
+# page says how it maps theirs: a batch of 32 per agent step as 256 every 8 steps, a target copy every 1,000 updates).
 MINATAR_DEFAULTS = dict(
     total_timesteps=5_000_000,
     learning_rate=2.5e-4,
@@ -122,7 +120,6 @@ MINATAR_DEFAULTS = dict(
 
 
 def validate_args(args: Args) -> None:
-    """Stops with one clear message on a flag combination the algorithm cannot run, before anything is built."""
     flag_checks.check_common_flags(args)
     # The buffer must hold a batch, and the first n-step window of every env.
     minimum = max(args.batch_size, args.num_envs * args.n_step)
@@ -151,8 +148,7 @@ def buffer_obs_dtype(obs_shape: tuple):
 
 def make_env(env_id: str, num_envs: int, seed: int):
     """Vectorized envpool environments, for training and evaluation alike; Atari with the DQN preprocessing: a lost life
-    ends an episode (envpool then plays no-ops and FIRE) and rewards are clipped (true scores come from `true_game_end`).
-    MinAtar games come through gymnasium, played as Young & Tian's protocol has them."""
+    ends an episode (envpool then plays no-ops and FIRE) and rewards are clipped (true scores come from `true_game_end`)."""
     if minatar.is_minatar(env_id):
         return minatar.make_envs(env_id, num_envs, seed)
     kwargs = dict(num_threads=1)  # cheaper than a thread pool for classic control's tiny steps
@@ -175,15 +171,13 @@ def dueling_combine(value: torch.Tensor, advantage: torch.Tensor) -> torch.Tenso
 
 
 class DuelingQNetwork(nn.Module):
-    """A shared torso, then two-layer value and advantage streams. The torso: the Nature CNN for Atari's stacked frames
-    (4, 84, 84); for MinAtar's (10, 10, C) grids Young & Tian's one convolution of 16 filters 3x3, with their 128 units
-    as the streams' hidden layers; one dense layer for vectors."""
+    """A torso chosen by the observation's shape (named in `torso_name`), then two-layer value and advantage streams."""
 
     def __init__(self, obs_shape: tuple, num_actions: int, hidden_size: int = 128):
         super().__init__()
         self.is_image = len(obs_shape) == 3 and obs_shape[0] != obs_shape[1]  # (4, 84, 84): channels first
         self.is_grid = len(obs_shape) == 3 and obs_shape[0] == obs_shape[1]  # (10, 10, C): channels last
-        if self.is_grid:
+        if self.is_grid:  # Young & Tian's MinAtar network
             height, width, channels = obs_shape
             self.torso = nn.Sequential(nn.Conv2d(channels, 16, 3), nn.ReLU(), nn.Flatten())
             features, hidden_size = 16 * (height - 2) * (width - 2), 128
@@ -265,20 +259,18 @@ class SegmentTree:
 
 
 class PrioritizedReplayBuffer:
-    """Proportional prioritized replay (Schaul et al. 2016) over n-step transitions, FIFO when full.
-    The sum tree holds p_i^alpha for sampling, the min tree the smallest one for the max IS weight."""
+    """Proportional prioritized replay (Schaul et al. 2016) over n-step transitions, FIFO when full. A row holds obs,
+    action, discounted n-step reward sum, gamma^k of the bootstrap (0 after a termination) and the observation to
+    bootstrap from; the sum tree holds p_i^alpha for sampling, the min tree the smallest one for the max IS weight."""
 
-    # One row per transition: obs, action, discounted n-step reward sum, gamma^k of the bootstrap (0 after a
-    # termination), and the observation to bootstrap from. A sampled batch is these arrays' rows, in this order.
-    ARRAYS = ("obs", "actions", "returns", "discounts", "next_obs")
+    ARRAYS = ("obs", "actions", "returns", "discounts", "next_obs")  # the order of a sampled batch
 
     def __init__(self, capacity: int, obs_shape: tuple, obs_dtype, alpha: float, seed: Optional[int] = None):
         self.capacity, self.alpha = capacity, alpha
         self.obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
         self.next_obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
         self.actions = np.zeros(capacity, dtype=np.int64)
-        self.returns = np.zeros(capacity, dtype=np.float32)
-        self.discounts = np.zeros(capacity, dtype=np.float32)
+        self.returns, self.discounts = np.zeros(capacity, dtype=np.float32), np.zeros(capacity, dtype=np.float32)
         self.sum_tree = SegmentTree(capacity, np.add, 0.0)
         self.min_tree = SegmentTree(capacity, np.minimum, np.inf)
         self.max_priority = 1.0  # largest priority seen so far; new transitions enter with it
@@ -312,8 +304,7 @@ class PrioritizedReplayBuffer:
         self.min_tree.update(indices, scaled)
 
     def state_dict(self) -> dict:
-        """Everything sampling depends on. The filled slots only, as tensors: torch.save writes tensor
-        storage straight to the file, where pickling a numpy array would first copy it in memory."""
+        """The filled slots only, as tensors: torch.save writes their storage without the copy pickling numpy makes."""
         filled = {name: torch.from_numpy(getattr(self, name)[: self.size]) for name in self.ARRAYS}
         trees = dict(sum_tree=self.sum_tree.nodes.copy(), min_tree=self.min_tree.nodes.copy())
         return dict(filled, **trees, max_priority=self.max_priority, pos=self.pos, size=self.size)
@@ -407,9 +398,8 @@ def act(q_network: nn.Module, obs: np.ndarray, epsilon: float, num_actions: int,
 
 
 def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
-    """Plays --eval-episodes whole games (--eval-epsilon) on training's envs seeded apart (--seed + 1), one per env: on
-    Atari a lost life ends an episode and envpool serves the next with FIRE. Returns the true scores (raw, all lives).
-    --capture-video plays them in turn on ale-py (FIRE after a lost life too) and records them to the run's videos/ folder."""
+    """True scores (raw, all lives) of --eval-episodes whole games (--eval-epsilon) on training's envs seeded --seed + 1,
+    one per env; --capture-video plays them in turn on ale-py and records them to the run's videos/ folder."""
     spec = flag_checks.check_env_id(args.env_id)
     model = DuelingQNetwork(spec.observation_space.shape, spec.action_space.n, args.hidden_size).to(device)
     model_files.load_weights(model, model_path, device)
@@ -433,28 +423,6 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
         is_reset_step = terminated | truncated  # the next step only resets (NEXT_STEP autoreset)
     envs.close()
     return stats.scores
-
-
-def train_step(args: Args, run: training_run.Run, q_network, target_network, optimizer, rb, global_step: int, device):
-    """One gradient step on a prioritized batch, then the batch's new priorities. Returns the loss, the mean
-    Q-value of the replayed actions (both as 0-d tensors) and beta."""
-    beta = linear_schedule(args.prioritized_replay_beta, 1.0, args.total_timesteps, global_step)
-    batch, indices, weights = rb.sample(args.batch_size, beta)
-    b_obs, b_actions, b_returns, b_discounts, b_next_obs = (torch.as_tensor(x, device=device) for x in batch)
-    # One online pass over obs and next obs: for small networks the per-call overhead dominates.
-    q_online, next_q_online = q_network(torch.cat([b_obs, b_next_obs])).split(args.batch_size)
-    with torch.no_grad():
-        targets = double_q_targets(b_returns, b_discounts, next_q_online, target_network(b_next_obs))
-    q_taken = q_online.gather(1, b_actions[:, None]).squeeze(1)
-    loss = weighted_huber_loss(q_taken, targets, torch.as_tensor(weights, device=device))
-    if args.anneal_lr:
-        optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
-    optimizer.zero_grad()
-    loss.backward()
-    run.clip_grad_norm(q_network.parameters(), args.max_grad_norm, global_step)
-    optimizer.step()
-    rb.update_priorities(indices, (targets - q_taken).detach().abs().cpu().numpy() + args.prioritized_replay_eps)
-    return loss.detach(), q_taken.detach().mean(), beta
 
 
 def main(args: Args) -> list[float]:
@@ -481,7 +449,6 @@ def main(args: Args) -> list[float]:
         stats = episode_scores.EpisodeStats(args.num_envs)
 
         num_iterations = args.total_timesteps // args.num_envs
-        steps_per_update = args.train_frequency // args.num_envs
         # Every envs.step's actions, so that a resumed run can bring the envs back by replaying them.
         action_log = np.zeros((num_iterations, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
         obs, _ = envs.reset()
@@ -533,9 +500,24 @@ def main(args: Args) -> list[float]:
             rb.add(*window.push(obs, actions, rewards, terminated, truncated, next_obs, is_reset_step))
             obs, is_reset_step = next_obs, terminated | truncated
 
-            if global_step > learning_starts and iteration % steps_per_update == 0:
-                loss, q_mean, beta = train_step(args, run, q_network, target_network, optimizer, rb, global_step, device)
-                losses[updates % 100], q_means[updates % 100] = loss, q_mean
+            if global_step > learning_starts and global_step % args.train_frequency == 0:
+                beta = linear_schedule(args.prioritized_replay_beta, 1.0, args.total_timesteps, global_step)
+                batch, indices, weights = rb.sample(args.batch_size, beta)
+                b_obs, b_actions, b_returns, b_discounts, b_next_obs = (torch.as_tensor(x, device=device) for x in batch)
+                # One online pass over obs and next obs: for small networks the per-call overhead dominates.
+                q_online, next_q_online = q_network(torch.cat([b_obs, b_next_obs])).split(args.batch_size)
+                with torch.no_grad():
+                    targets = double_q_targets(b_returns, b_discounts, next_q_online, target_network(b_next_obs))
+                q_taken = q_online.gather(1, b_actions[:, None]).squeeze(1)
+                loss = weighted_huber_loss(q_taken, targets, torch.as_tensor(weights, device=device))
+                if args.anneal_lr:
+                    optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
+                optimizer.zero_grad()
+                loss.backward()
+                run.clip_grad_norm(q_network.parameters(), args.max_grad_norm, global_step)
+                optimizer.step()
+                rb.update_priorities(indices, (targets - q_taken).detach().abs().cpu().numpy() + args.prioritized_replay_eps)
+                losses[updates % 100], q_means[updates % 100] = loss.detach(), q_taken.detach().mean()
                 updates += 1
                 if global_step - last_target_update >= args.target_network_frequency:
                     target_network.load_state_dict(q_network.state_dict())

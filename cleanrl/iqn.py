@@ -23,6 +23,8 @@ import torch.nn as nn
 
 from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
 
+CHECKPOINT_FORMAT = 2  # the layout of checkpoint.pt: a resume refuses files of another format
+
 
 @dataclass
 class Args:
@@ -108,9 +110,8 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# The configuration a MinAtar id runs with (flags given on the command line win). Provisional, not yet tuned by a
-# sweep (docs/rl-algorithms/iqn.md): Young & Tian's budget, replay size and exploration, and Revisiting Rainbow's
-# update of a batch of 32 every 4 steps.
+# The configuration a MinAtar id runs with (flags given on the command line win), provisional: Young & Tian's budget,
+# replay size and exploration, and Revisiting Rainbow's update of a batch of 32 every 4 steps.
 MINATAR_DEFAULTS = dict(
     total_timesteps=5_000_000,
     num_envs=4,
@@ -135,9 +136,8 @@ def validate_args(args: Args) -> None:
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 4):
         needs = f"must hold --learning-starts={args.learning_starts} steps and at least 4 steps per environment"
         flag_checks.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
-    flag_checks.check_memory(
-        replay_memory_bytes(args, spec.observation_space.shape), "the replay", f"--buffer-size={args.buffer_size}"
-    )
+    needed = replay_memory_bytes(args, spec.observation_space.shape)
+    flag_checks.check_memory(needed, "the replay", f"--buffer-size={args.buffer_size}")
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
@@ -153,18 +153,13 @@ def cosine_embedding(taus: torch.Tensor, embedding_dim: int) -> torch.Tensor:
 
 
 class QuantileNetwork(nn.Module):
-    """Z(x, tau) = head(psi(x) * phi(tau)): the tau-quantiles of the return of every action.
-
-    x (B, *obs_shape) and taus (B, N) -> (B, N, num_actions). The state features psi(x) are computed once per state
-    and multiplied element-wise by the embedding phi(tau) = ReLU(Linear(cos(pi i tau))) of each quantile level.
-    psi of a vector is one dense layer; of MinAtar's (10, 10, C) grid, Young & Tian's convolution of 16 filters 3x3
-    (as the Nature CNN is IQN's psi on Atari), and their 128 units are the head's hidden layer.
-    """
+    """Z(x, tau) = head(psi(x) * phi(tau)), the tau-quantiles of every action's return: x (B, *obs_shape) and taus (B, N)
+    -> (B, N, num_actions). psi(x) is computed once per state, phi(tau) = ReLU(Linear(cos(pi i tau))) once per level."""
 
     def __init__(self, obs_shape: tuple, num_actions: int, embedding_dim: int, hidden_size: int):
         super().__init__()
         self.embedding_dim, self.is_grid = embedding_dim, len(obs_shape) == 3
-        if self.is_grid:
+        if self.is_grid:  # Young & Tian's MinAtar network
             height, width, channels = obs_shape
             self.torso = nn.Sequential(nn.Conv2d(channels, 16, 3), nn.ReLU(), nn.Flatten())
             features, hidden_size = 16 * (height - 2) * (width - 2), 128
@@ -197,14 +192,11 @@ class Batch(NamedTuple):
 
 class ReplayBuffer:
     """Uniform replay that stores every observation once, in one ring of `capacity // num_envs` slots per environment.
-
-    Slot t of environment e holds observation o_t, the action taken at o_t, and the reward and `terminated` flag of
-    the step that followed; o_{t+1} is slot t + 1 of the same ring, so a transition costs one observation, not two.
-    `valid[e, t]` is False when the step after t was envpool's reset step, which is never a transition.
-    A sample from o_t runs over up to `n_step` steps of the same episode: it stops after a termination, at an
-    episode's last observation (a time-out, bootstrapped from there) and at the newest stored step.
-    iqn_atari.py's buffer is this one plus the rebuilding of 4-frame stacks from single frames.
-    """
+    Slot t of environment e holds o_t, the action taken at o_t, and the reward and `terminated` flag of the step that
+    followed; o_{t+1} is slot t + 1, so a transition costs one observation, not two. `valid[e, t]` is False when the
+    step after t was envpool's reset step, never a transition. A sample from o_t runs over up to `n_step` steps of one
+    episode: it stops after a termination, at an episode's last observation (a time-out, bootstrapped from there) and
+    at the newest stored step. iqn_atari.py's buffer is this one plus the rebuilding of 4-frame stacks."""
 
     def __init__(self, capacity, num_envs, obs_shape, device, rng, n_step=1, gamma=0.99):
         self.ring = capacity // num_envs
@@ -227,9 +219,8 @@ class ReplayBuffer:
     def sample(self, batch_size: int) -> Batch:
         # Logical steps still stored whose successor o_{t+1} is already written.
         low = max(0, self.num_added - self.ring)
-        env = self.rng.integers(self.num_envs, size=batch_size)
-        t = self.rng.integers(low, self.num_added - 1, size=batch_size)
-        invalid = ~self.valid[env, t % self.ring]
+        env, t = np.zeros(batch_size, dtype=np.int64), np.zeros(batch_size, dtype=np.int64)
+        invalid = np.ones(batch_size, dtype=bool)
         while invalid.any():  # rejection keeps sampling uniform over real transitions, O(1) expected per item
             env[invalid] = self.rng.integers(self.num_envs, size=invalid.sum())
             t[invalid] = self.rng.integers(low, self.num_added - 1, size=invalid.sum())
@@ -331,8 +322,7 @@ def act(q_network: QuantileNetwork, obs, epsilon: float, num_quantile_samples: i
 
 
 def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
-    """Plays `args.eval_episodes` episodes with the saved agent, epsilon-greedy with `args.eval_epsilon`; returns their
-    scores. The environments are seeded with `args.seed + 1`, apart from the training ones."""
+    """Scores of --eval-episodes episodes of the saved agent, epsilon-greedy (--eval-epsilon), on an env seeded --seed + 1."""
     seed = args.seed + 1
     if args.capture_video:
         envs = gym.vector.SyncVectorEnv([lambda: environments.make_video_env(args.env_id, video_folder)])
@@ -342,19 +332,13 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     model = QuantileNetwork(obs_shape, num_actions, args.quantile_embedding_dim, args.hidden_size).to(device)
     model_files.load_weights(model, model_path, device)
     obs, _ = envs.reset(seed=seed) if args.capture_video else envs.reset()
-    scores, score = [], 0.0
-    while len(scores) < args.eval_episodes:
-        actions = act(model, obs, args.eval_epsilon, args.num_quantile_samples)
-        obs, rewards, terminated, truncated, _ = envs.step(actions)
-        score += float(rewards[0])  # the reset step between episodes has reward 0
-        if terminated[0] or truncated[0]:
-            scores.append(score)
-            score = 0.0
+    stats, is_reset_step = episode_scores.EpisodeStats(1), np.zeros(1, dtype=bool)
+    while len(stats.scores) < args.eval_episodes:
+        obs, rewards, terminated, truncated, _ = envs.step(act(model, obs, args.eval_epsilon, args.num_quantile_samples))
+        stats.update(rewards, is_reset_step, terminated | truncated)
+        is_reset_step = terminated | truncated  # the next step only resets (NEXT_STEP autoreset)
     envs.close()
-    return scores
-
-
-CHECKPOINT_FORMAT = 2  # the layout of checkpoint.pt: a resume refuses files of another format
+    return stats.scores
 
 
 def main(args: Args) -> list[float]:
@@ -383,7 +367,7 @@ def main(args: Args) -> list[float]:
         stats = episode_scores.EpisodeStats(args.num_envs)
         obs, _ = envs.reset()  # envpool is seeded at construction
         is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
-        iteration = updates = 0
+        iteration, updates, learn_after = 0, 0, args.learning_starts  # updates run once global_step > learn_after
 
         def checkpoint_state() -> dict:
             return {
@@ -400,7 +384,6 @@ def main(args: Args) -> list[float]:
                 **({"rb": rb} if args.checkpoint_replay else {}),
             }
 
-        learn_after = args.learning_starts  # global_step after which updates run
         if checkpoint:
             saved = run.restore({**checkpoint_state(), "action_log": action_log})  # the saved log fills its first rows
             iteration, updates = saved["iteration"], saved["updates"]
@@ -411,21 +394,17 @@ def main(args: Args) -> list[float]:
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
                 learn_after = iteration * args.num_envs + args.learning_starts
                 run.note_empty_replay(learn_after)
-        global_step = iteration * args.num_envs
-        progress = run.progress(global_step)
-        while global_step < args.total_timesteps:
-            global_step += args.num_envs
+        progress = run.progress(iteration * args.num_envs)
+        for iteration in range(iteration + 1, num_iterations + 1):
+            global_step = iteration * args.num_envs
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
             actions = act(q_network, obs, epsilon, args.num_quantile_samples, warm_up=global_step <= args.learning_starts)
-            action_log[iteration] = actions
-            iteration += 1
+            action_log[iteration - 1] = actions
             next_obs, rewards, terminated, truncated, infos = envs.step(actions)
-
             # NEXT_STEP autoreset: after a last step, envpool's next step is a reset step, never a transition.
             rb.add(obs, actions, rewards, terminated, valid=~is_reset_step)
             stats.update(rewards, is_reset_step, terminated | truncated, run.writer, global_step)  # time-outs too
-            is_reset_step = terminated | truncated
-            obs = next_obs
+            obs, is_reset_step = next_obs, terminated | truncated
 
             if global_step > learn_after:
                 if args.anneal_lr:
@@ -447,7 +426,7 @@ def main(args: Args) -> list[float]:
                     target_network.load_state_dict(q_network.state_dict())
 
             progress.print(global_step, stats.recent)
-            if run.checkpoint_or_stop(global_step, args.num_envs, global_step >= args.total_timesteps, checkpoint_state):
+            if run.checkpoint_or_stop(global_step, args.num_envs, iteration == num_iterations, checkpoint_state):
                 break
 
         envs.close()
