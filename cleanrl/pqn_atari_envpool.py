@@ -306,9 +306,7 @@ def main(args: Args) -> list[float]:
         start_iteration = 0
         if checkpoint is not None:
             start_iteration = run.restore(checkpoint_state())["iteration"]
-            envs, next_obs = run.fast_forward(
-                envs, action_log[: start_iteration * args.num_steps], next_obs, stats, actions.dtype
-            )
+            envs, next_obs = run.fast_forward(envs, action_log[: start_iteration * args.num_steps], next_obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
                 next_is_reset_step[:] = True
                 stats.drop_games_in_progress()

@@ -351,9 +351,7 @@ def main(args: Args) -> list[float]:
         if checkpoint is not None:
             saved = run.restore(checkpoint_state())
             start_iteration, lstm_state = saved["iteration"], tuple(tensor.to(device) for tensor in saved["lstm_state"])
-            envs, next_obs = run.fast_forward(
-                envs, action_log[: start_iteration * args.num_steps], next_obs, stats, actions.dtype
-            )
+            envs, next_obs = run.fast_forward(envs, action_log[: start_iteration * args.num_steps], next_obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
                 next_is_reset_step[:] = True
                 stats.drop_games_in_progress()
