@@ -166,12 +166,10 @@ def linear_schedule(start: float, end: float, duration: float, t: np.ndarray) ->
 def q_lambda_returns(
     rewards: torch.Tensor, next_dones: torch.Tensor, next_max_q: torch.Tensor, gamma: float, q_lambda: float
 ) -> torch.Tensor:
-    """Peng's Q(lambda) targets of one rollout, all tensors of shape (num_steps, num_envs).
-
-    `next_dones[t]` is 1 where the episode ended after step t (no bootstrap), `next_max_q[t] = max_a Q(s_{t+1}, a)`.
-    G_{T-1} = r + gamma (1 - d) next_max_q, and
-    G_t = r_t + gamma (1 - d_t) (lambda G_{t+1} + (1 - lambda) next_max_q[t]).
-    """
+    """Peng's Q(lambda) targets of one rollout, all tensors of shape (num_steps, num_envs): `next_dones[t]` is 1 where
+    the episode ended after step t (no bootstrap), `next_max_q[t] = max_a Q(s_{t+1}, a)`; backwards from
+    G_{T-1} = r_{T-1} + gamma (1 - d_{T-1}) next_max_q[T-1],
+    G_t = r_t + gamma (1 - d_t) (lambda G_{t+1} + (1 - lambda) next_max_q[t])."""
     returns = torch.empty_like(rewards)
     not_done = 1.0 - next_dones
     returns[-1] = rewards[-1] + gamma * not_done[-1] * next_max_q[-1]
@@ -184,14 +182,11 @@ def q_lambda_returns(
 def fold_reset_steps(
     rewards: torch.Tensor, terminations: torch.Tensor, max_q: torch.Tensor, is_reset_step: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rewards and episode ends for `q_lambda_returns` with envpool's reset steps made harmless.
-
-    Under NEXT_STEP autoreset the step after an episode end ignores its action and only resets the
-    environment; its observation is the last one of the finished episode. Giving that step the reward
-    max_q (the value of that last observation) and an episode end makes its return exactly max_q, so a
-    time-out's lambda-return bootstraps from the final observation and never reads into the next episode,
-    while a real termination still cuts the bootstrap itself. The reset steps are masked out of the loss.
-    """
+    """Rewards and episode ends for `q_lambda_returns` with envpool's reset steps made harmless, all (num_steps, num_envs).
+    Under NEXT_STEP autoreset the step after an episode end ignores its action and only resets the environment; its
+    observation is the last of the finished episode. Given the reward max_q (that observation's value) and an episode
+    end, its return is exactly max_q: a time-out's lambda-return bootstraps from the final observation and never reads
+    into the next episode, a real termination still cuts the bootstrap, and the loss masks the reset steps out."""
     rewards = torch.where(is_reset_step, max_q, rewards)
     next_dones = torch.where(is_reset_step, torch.ones_like(terminations), terminations)
     return rewards, next_dones
