@@ -220,34 +220,30 @@ def train_on_rollout(
 
 
 def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
-    """Plays `args.eval_episodes` episodes with a saved model, epsilon-greedy with `args.eval_epsilon`; returns their
-    scores."""
+    """Scores of `args.eval_episodes` episodes of a saved model, epsilon-greedy with `args.eval_epsilon`."""
     if args.capture_video:  # envpool does not render; a gymnasium env with the same dynamics records the video
         envs = gym.vector.SyncVectorEnv([lambda: environments.make_video_env(args.env_id, video_folder)])
-        obs, _ = envs.reset(seed=args.seed)
     else:  # one environment per episode, so that short episodes are not over-represented
         envs = make_env(args.env_id, args.eval_episodes, args.seed)
-        obs, _ = envs.reset()
+    obs, _ = envs.reset(seed=args.seed) if args.capture_video else envs.reset()
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)
     model = QNetwork(envs.single_observation_space.shape, num_actions).to(device)
     model_files.load_weights(model, model_path, device)
     model.eval()
-    scores, episode_returns = [], np.zeros(num_envs)
+    stats, is_reset_step = episode_scores.EpisodeStats(num_envs), np.zeros(num_envs, dtype=bool)
     while quota.sum() > 0:
         with torch.no_grad():
             greedy = model(torch.as_tensor(obs, dtype=torch.float32, device=device)).argmax(1).cpu().numpy()
         explore = np.random.rand(num_envs) < args.eval_epsilon
         actions = np.where(explore, np.random.randint(num_actions, size=num_envs), greedy)
         obs, reward, terminated, truncated, _ = envs.step(actions)
-        episode_returns += reward
-        for i in np.flatnonzero(terminated | truncated):
-            if quota[i] > 0:
-                scores.append(float(episode_returns[i]))
-                quota[i] -= 1
-            episode_returns[i] = 0.0
+        counted = (terminated | truncated) & (quota > 0)  # each env counts its first `quota` episodes
+        stats.update(reward, is_reset_step, counted)
+        quota -= counted
+        is_reset_step = terminated | truncated  # the next step only resets (NEXT_STEP autoreset)
     envs.close()
-    return scores
+    return stats.scores
 
 
 CHECKPOINT_FORMAT = 3  # 3: the state `main` lists in `checkpoint_state`
