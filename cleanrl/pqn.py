@@ -206,9 +206,7 @@ def train_on_rollout(
     batch_size = len(b_actions)
     minibatch_size = batch_size // args.num_minibatches
     for epoch in range(args.update_epochs):
-        b_inds = torch.randperm(batch_size, device=b_actions.device)
-        for start in range(0, batch_size, minibatch_size):
-            mb = b_inds[start : start + minibatch_size]
+        for mb in torch.randperm(batch_size, device=b_actions.device).split(minibatch_size):
             q_taken = q_network(b_obs[mb]).gather(1, b_actions[mb, None]).squeeze(1)
             # Mean squared TD error over real transitions only: reset steps carry no learning signal.
             loss = ((q_taken - b_returns[mb]) ** 2 * b_valid[mb]).sum() / b_valid[mb].sum().clamp(min=1.0)
@@ -322,8 +320,7 @@ def main(args: Args) -> list[float]:
                 obs[step] = next_obs
                 is_reset_step[step] = next_is_reset_step
                 with torch.no_grad():
-                    step_max_q, greedy = q_network(to_device(next_obs)).max(dim=1)
-                max_q[step] = step_max_q
+                    max_q[step], greedy = q_network(to_device(next_obs)).max(dim=1)
                 actions[step] = np.where(explore[step], random_actions[step], greedy.cpu().numpy())
                 action_log[iteration * args.num_steps + step] = actions[step]
 

@@ -230,9 +230,7 @@ def train_on_rollout(
     num_envs = b_actions.shape[1]
     envs_per_minibatch = num_envs // args.num_minibatches
     for epoch in range(args.update_epochs):
-        env_inds = torch.randperm(num_envs, device=b_actions.device)
-        for start in range(0, num_envs, envs_per_minibatch):
-            mb = env_inds[start : start + envs_per_minibatch]
+        for mb in torch.randperm(num_envs, device=b_actions.device).split(envs_per_minibatch):
             mb_state = (initial_state[0][:, mb], initial_state[1][:, mb])
             q_values, _ = q_network(b_obs[:, mb], mb_state, b_is_first[:, mb])
             q_taken = q_values.gather(2, b_actions[:, mb, None]).squeeze(2)
@@ -370,8 +368,7 @@ def main(args: Args) -> list[float]:
                 is_first[step] = next_is_first
                 with torch.no_grad():
                     q_values, lstm_state = q_network(to_device(next_obs)[None], lstm_state, to_device(next_is_first)[None])
-                    step_max_q, greedy = q_values[0].max(dim=1)
-                max_q[step] = step_max_q
+                    max_q[step], greedy = q_values[0].max(dim=1)
                 actions[step] = np.where(explore[step], random_actions[step], greedy.cpu().numpy())
                 action_log[iteration * args.num_steps + step] = actions[step]
 
