@@ -330,15 +330,13 @@ def main(args: Args) -> list[float]:
                 stats.update(reward, next_is_reset_step, terminated | truncated, run.writer, global_step)
                 next_is_reset_step = terminated | truncated
 
+            b_rewards, b_terminations, b_is_reset_step = to_device(rewards), to_device(terminations), to_device(is_reset_step)
             with torch.no_grad():
                 last_max_q = q_network(to_device(next_obs)).max(dim=1).values
                 next_max_q = torch.cat([max_q[1:], last_max_q[None]])
-                fold_rewards, fold_dones = fold_reset_steps(
-                    to_device(rewards), to_device(terminations), max_q, to_device(is_reset_step)
-                )
+                fold_rewards, fold_dones = fold_reset_steps(b_rewards, b_terminations, max_q, b_is_reset_step)
                 returns = q_lambda_returns(fold_rewards, fold_dones, next_max_q, args.gamma, args.q_lambda)
-            b_obs, b_actions, b_valid = to_device(obs), to_device(actions), to_device(~is_reset_step).float()
-            batch = (b_obs.reshape((-1,) + obs_shape), b_actions.reshape(-1), returns.reshape(-1), b_valid.reshape(-1))
+            batch = tuple(x.flatten(0, 1) for x in (to_device(obs), to_device(actions), returns, (~b_is_reset_step).float()))
             loss, q_taken = train_on_rollout(q_network, optimizer, batch, args, run, global_step)
 
             is_last = iteration == num_iterations - 1

@@ -381,15 +381,14 @@ def main(args: Args) -> list[float]:
                 next_is_first = next_is_reset_step
                 next_is_reset_step = terminated | truncated
 
+            b_rewards, b_terminations, b_is_reset_step = to_device(rewards), to_device(terminations), to_device(is_reset_step)
             with torch.no_grad():
                 last_q, _ = q_network(to_device(next_obs)[None], lstm_state, to_device(next_is_first)[None])
                 last_max_q = last_q[0].max(dim=1).values
                 next_max_q = torch.cat([max_q[1:], last_max_q[None]])
-                fold_rewards, fold_dones = fold_reset_steps(
-                    to_device(rewards), to_device(terminations), max_q, to_device(is_reset_step)
-                )
+                fold_rewards, fold_dones = fold_reset_steps(b_rewards, b_terminations, max_q, b_is_reset_step)
                 returns = q_lambda_returns(fold_rewards, fold_dones, next_max_q, args.gamma, args.q_lambda)
-            valid = to_device(~is_reset_step).float()
+            valid = (~b_is_reset_step).float()
             rollout = (to_device(obs), to_device(actions), to_device(is_first), returns, valid, rollout_initial_state)
             loss, q_taken = train_on_rollout(q_network, optimizer, rollout, args, run, global_step)
 
