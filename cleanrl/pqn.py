@@ -90,9 +90,8 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# The configuration a MinAtar id runs with (flags given on the command line win), chosen by a sweep on Breakout and
-# Space Invaders (docs/rl-algorithms/pqn.md): purejaxql's MinAtar rollouts of 128 envs x 32 steps in minibatches of
-# 128, with 4 epochs and a final epsilon of 0.01.
+# The configuration a MinAtar id runs with (flags given on the command line win): purejaxql's MinAtar rollouts of 128
+# envs x 32 steps in minibatches of 128, 4 epochs, final epsilon 0.01; a sweep chose it (docs/rl-algorithms/pqn.md).
 MINATAR_DEFAULTS = dict(
     total_timesteps=10_000_000, num_steps=32, num_minibatches=32, update_epochs=4, exploration_fraction=0.1, end_e=0.01
 )
@@ -110,8 +109,7 @@ def validate_args(args: Args) -> None:
     """Stops with one clear message on flags that cannot work, before anything is built."""
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=False)
-    # Observations are stored as float32 whatever the env's dtype (see `main`).
-    needed = rollout_memory_bytes(args, spec.observation_space.shape, np.float32)
+    needed = rollout_memory_bytes(args, spec.observation_space.shape, np.float32)  # float32 whatever the env's dtype
     flag_checks.check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
     batch_size = args.num_envs * args.num_steps
     batch = f"num_envs * num_steps = {batch_size}"
@@ -137,9 +135,8 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class QNetwork(nn.Module):
-    """LayerNorm before every hidden ReLU: it is what keeps TD learning stable without a target network. Vectors go
-    through an MLP 120-84; MinAtar's (10, 10, C) images through Young & Tian's torso, one 3x3 convolution of 16
-    filters and 128 units."""
+    """LayerNorm before every hidden ReLU: it is what keeps TD learning stable without a target network. Vectors go through
+    an MLP 120-84; MinAtar's (10, 10, C) images through Young & Tian's torso, a 3x3 convolution of 16 filters, 128 units."""
 
     def __init__(self, obs_shape: tuple, num_actions: int):
         super().__init__()
@@ -188,10 +185,9 @@ def fold_reset_steps(
     rewards: torch.Tensor, terminations: torch.Tensor, max_q: torch.Tensor, is_reset_step: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rewards and episode ends for `q_lambda_returns` with envpool's reset steps made harmless, all (num_steps, num_envs).
-    Under NEXT_STEP autoreset the step after an episode end ignores its action and only resets the environment; its
-    observation is the last of the finished episode. Given the reward max_q (that observation's value) and an episode
-    end, its return is exactly max_q: a time-out's lambda-return bootstraps from the final observation and never reads
-    into the next episode, a real termination still cuts the bootstrap, and the loss masks the reset steps out."""
+    Under NEXT_STEP autoreset the step after an episode end only resets; its observation is the finished episode's last.
+    Given the reward max_q (that observation's value) and an episode end, its return is exactly max_q: a time-out's
+    lambda-return bootstraps from the final observation, never from the next episode; a termination still cuts it."""
     rewards = torch.where(is_reset_step, max_q, rewards)
     next_dones = torch.where(is_reset_step, torch.ones_like(terminations), terminations)
     return rewards, next_dones
@@ -284,8 +280,7 @@ def main(args: Args) -> list[float]:
         next_is_reset_step = np.zeros(args.num_envs, dtype=bool)
 
         def checkpoint_state(iterations_done: int = num_iterations) -> dict:
-            # Checkpoints fall between iterations, when the rollout storage holds nothing still needed; the default
-            # covers the whole action log, for a restore to load the saved rows into.
+            # Taken between iterations, when the rollout storage is spent; the default covers the whole action log (restore).
             return {
                 "iteration": iterations_done,
                 "q_network": q_network,

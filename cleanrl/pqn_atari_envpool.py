@@ -183,10 +183,9 @@ def fold_reset_steps(
     rewards: torch.Tensor, terminations: torch.Tensor, max_q: torch.Tensor, is_reset_step: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rewards and episode ends for `q_lambda_returns` with envpool's reset steps made harmless, all (num_steps, num_envs).
-    Under NEXT_STEP autoreset the step after an episode end ignores its action and only resets the environment; its
-    observation is the last of the finished episode. Given the reward max_q (that observation's value) and an episode
-    end, its return is exactly max_q: a time-out's lambda-return bootstraps from the final observation and never reads
-    into the next episode, a real termination still cuts the bootstrap, and the loss masks the reset steps out."""
+    Under NEXT_STEP autoreset the step after an episode end only resets; its observation is the finished episode's last.
+    Given the reward max_q (that observation's value) and an episode end, its return is exactly max_q: a time-out's
+    lambda-return bootstraps from the final observation, never from the next episode; a termination still cuts it."""
     rewards = torch.where(is_reset_step, max_q, rewards)
     next_dones = torch.where(is_reset_step, torch.ones_like(terminations), terminations)
     return rewards, next_dones
@@ -284,8 +283,7 @@ def main(args: Args) -> list[float]:
         next_is_reset_step = np.zeros(args.num_envs, dtype=bool)
 
         def checkpoint_state(iterations_done: int = num_iterations) -> dict:
-            # Checkpoints fall between iterations, when the rollout storage holds nothing still needed; the default
-            # covers the whole action log, for a restore to load the saved rows into.
+            # Taken between iterations, when the rollout storage is spent; the default covers the whole action log (restore).
             return {
                 "iteration": iterations_done,
                 "q_network": q_network,
