@@ -13,6 +13,7 @@ Docs: docs/rl-algorithms/pqn.md
 
 import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -96,9 +97,8 @@ class Args:
 def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> int:
     """Bytes of the rollout storage `main` allocates: (num_steps, num_envs) observations, then per step an int64
     action, float32 reward, termination and max-Q, and a bool reset flag."""
-    steps = args.num_steps * args.num_envs
     per_step = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 8 + 4 + 4 + 4 + 1
-    return steps * per_step
+    return args.num_steps * args.num_envs * per_step
 
 
 def validate_args(args: Args) -> None:
@@ -199,11 +199,10 @@ def q_lambda_returns(
     G_{T-1} = r_{T-1} + gamma (1 - d_{T-1}) next_max_q[T-1],
     G_t = r_t + gamma (1 - d_t) (lambda G_{t+1} + (1 - lambda) next_max_q[t])."""
     returns = torch.empty_like(rewards)
-    not_done = 1.0 - next_dones
-    returns[-1] = rewards[-1] + gamma * not_done[-1] * next_max_q[-1]
+    returns[-1] = rewards[-1] + gamma * (1.0 - next_dones[-1]) * next_max_q[-1]
     for t in range(rewards.shape[0] - 2, -1, -1):
         bootstrap = q_lambda * returns[t + 1] + (1.0 - q_lambda) * next_max_q[t]
-        returns[t] = rewards[t] + gamma * not_done[t] * bootstrap
+        returns[t] = rewards[t] + gamma * (1.0 - next_dones[t]) * bootstrap
     return returns
 
 
@@ -297,12 +296,10 @@ def main(args: Args) -> list[float]:
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     epsilon_duration = args.exploration_fraction * args.total_timesteps
+    rollout_steps = args.num_envs * np.arange(1, args.num_steps + 1)  # agent steps into a rollout after each of its steps
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
         device = run.device
-
-        def to_device(array: np.ndarray) -> torch.Tensor:
-            return torch.as_tensor(array, device=device)
-
+        to_device = functools.partial(torch.as_tensor, device=device)  # numpy arrays to the run's device
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
         q_network = QNetwork(num_actions).to(device)
@@ -352,9 +349,7 @@ def main(args: Args) -> list[float]:
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = (1.0 - iteration / num_iterations) * args.learning_rate
             # Exploration draws for the whole rollout at once: one epsilon per step, decayed by global step.
-            step_epsilons = linear_schedule(
-                args.start_e, args.end_e, epsilon_duration, global_step + args.num_envs * np.arange(1, args.num_steps + 1)
-            )
+            step_epsilons = linear_schedule(args.start_e, args.end_e, epsilon_duration, global_step + rollout_steps)
             explore = np.random.rand(args.num_steps, args.num_envs) < step_epsilons[:, None]
             random_actions = np.random.randint(0, num_actions, (args.num_steps, args.num_envs))
             rollout_initial_state = (lstm_state[0].clone(), lstm_state[1].clone())
