@@ -10,6 +10,7 @@ Docs: docs/rl-algorithms/pqn.md
 
 import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -90,9 +91,8 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# The configuration a MinAtar id runs with (flags given on the command line win), chosen by a sweep on Breakout and
-# Space Invaders (docs/rl-algorithms/pqn.md): purejaxql's MinAtar rollouts of 128 envs x 32 steps in minibatches of
-# 128, with 4 epochs and a final epsilon of 0.01.
+# The configuration a MinAtar id runs with (flags given on the command line win): purejaxql's MinAtar rollouts of 128
+# envs x 32 steps in minibatches of 128, 4 epochs, final epsilon 0.01; a sweep chose it (docs/rl-algorithms/pqn.md).
 MINATAR_DEFAULTS = dict(
     total_timesteps=10_000_000, num_steps=32, num_minibatches=32, update_epochs=4, exploration_fraction=0.1, end_e=0.01
 )
@@ -101,17 +101,15 @@ MINATAR_DEFAULTS = dict(
 def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> int:
     """Bytes of the rollout storage `main` allocates: (num_steps, num_envs) observations, then per step an int64
     action, float32 reward, termination and max-Q, and a bool reset flag."""
-    steps = args.num_steps * args.num_envs
     per_step = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 8 + 4 + 4 + 4 + 1
-    return steps * per_step
+    return args.num_steps * args.num_envs * per_step
 
 
 def validate_args(args: Args) -> None:
     """Stops with one clear message on flags that cannot work, before anything is built."""
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=False)
-    # Observations are stored as float32 whatever the env's dtype (see `main`).
-    needed = rollout_memory_bytes(args, spec.observation_space.shape, np.float32)
+    needed = rollout_memory_bytes(args, spec.observation_space.shape, np.float32)  # float32 whatever the env's dtype
     flag_checks.check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
     batch_size = args.num_envs * args.num_steps
     batch = f"num_envs * num_steps = {batch_size}"
@@ -137,9 +135,8 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class QNetwork(nn.Module):
-    """LayerNorm before every hidden ReLU: it is what keeps TD learning stable without a target network. Vectors go
-    through an MLP 120-84; MinAtar's (10, 10, C) images through Young & Tian's torso, one 3x3 convolution of 16
-    filters and 128 units."""
+    """LayerNorm before every hidden ReLU: it is what keeps TD learning stable without a target network. Vectors go through
+    an MLP 120-84; MinAtar's (10, 10, C) images through Young & Tian's torso, a 3x3 convolution of 16 filters, 128 units."""
 
     def __init__(self, obs_shape: tuple, num_actions: int):
         super().__init__()
@@ -171,32 +168,25 @@ def linear_schedule(start: float, end: float, duration: float, t: np.ndarray) ->
 def q_lambda_returns(
     rewards: torch.Tensor, next_dones: torch.Tensor, next_max_q: torch.Tensor, gamma: float, q_lambda: float
 ) -> torch.Tensor:
-    """Peng's Q(lambda) targets of one rollout, all tensors of shape (num_steps, num_envs).
-
-    `next_dones[t]` is 1 where the episode ended after step t (no bootstrap), `next_max_q[t] = max_a Q(s_{t+1}, a)`.
-    G_{T-1} = r + gamma (1 - d) next_max_q, and
-    G_t = r_t + gamma (1 - d_t) (lambda G_{t+1} + (1 - lambda) next_max_q[t]).
-    """
+    """Peng's Q(lambda) targets of one rollout, all tensors of shape (num_steps, num_envs): `next_dones[t]` is 1 where
+    the episode ended after step t (no bootstrap), `next_max_q[t] = max_a Q(s_{t+1}, a)`; backwards from
+    G_{T-1} = r_{T-1} + gamma (1 - d_{T-1}) next_max_q[T-1],
+    G_t = r_t + gamma (1 - d_t) (lambda G_{t+1} + (1 - lambda) next_max_q[t])."""
     returns = torch.empty_like(rewards)
-    not_done = 1.0 - next_dones
-    returns[-1] = rewards[-1] + gamma * not_done[-1] * next_max_q[-1]
+    returns[-1] = rewards[-1] + gamma * (1.0 - next_dones[-1]) * next_max_q[-1]
     for t in range(rewards.shape[0] - 2, -1, -1):
         bootstrap = q_lambda * returns[t + 1] + (1.0 - q_lambda) * next_max_q[t]
-        returns[t] = rewards[t] + gamma * not_done[t] * bootstrap
+        returns[t] = rewards[t] + gamma * (1.0 - next_dones[t]) * bootstrap
     return returns
 
 
 def fold_reset_steps(
     rewards: torch.Tensor, terminations: torch.Tensor, max_q: torch.Tensor, is_reset_step: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rewards and episode ends for `q_lambda_returns` with envpool's reset steps made harmless.
-
-    Under NEXT_STEP autoreset the step after an episode end ignores its action and only resets the
-    environment; its observation is the last one of the finished episode. Giving that step the reward
-    max_q (the value of that last observation) and an episode end makes its return exactly max_q, so a
-    time-out's lambda-return bootstraps from the final observation and never reads into the next episode,
-    while a real termination still cuts the bootstrap itself. The reset steps are masked out of the loss.
-    """
+    """Rewards and episode ends for `q_lambda_returns` with envpool's reset steps made harmless, all (num_steps, num_envs).
+    Under NEXT_STEP autoreset the step after an episode end only resets; its observation is the finished episode's last.
+    Given the reward max_q (that observation's value) and an episode end, its return is exactly max_q: a time-out's
+    lambda-return bootstraps from the final observation, never from the next episode; a termination still cuts it."""
     rewards = torch.where(is_reset_step, max_q, rewards)
     next_dones = torch.where(is_reset_step, torch.ones_like(terminations), terminations)
     return rewards, next_dones
@@ -208,12 +198,9 @@ def train_on_rollout(
     """`update_epochs` passes of `num_minibatches` minibatches over the flattened rollout `batch` = (obs, actions,
     returns, valid), each of length num_envs * num_steps. Returns the loss and Q(s, a) of the last minibatch."""
     b_obs, b_actions, b_returns, b_valid = batch
-    batch_size = len(b_actions)
-    minibatch_size = batch_size // args.num_minibatches
+    minibatch_size = len(b_actions) // args.num_minibatches
     for epoch in range(args.update_epochs):
-        b_inds = torch.randperm(batch_size, device=b_actions.device)
-        for start in range(0, batch_size, minibatch_size):
-            mb = b_inds[start : start + minibatch_size]
+        for mb in torch.randperm(len(b_actions), device=b_actions.device).split(minibatch_size):
             q_taken = q_network(b_obs[mb]).gather(1, b_actions[mb, None]).squeeze(1)
             # Mean squared TD error over real transitions only: reset steps carry no learning signal.
             loss = ((q_taken - b_returns[mb]) ** 2 * b_valid[mb]).sum() / b_valid[mb].sum().clamp(min=1.0)
@@ -225,34 +212,30 @@ def train_on_rollout(
 
 
 def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
-    """Plays `args.eval_episodes` episodes with a saved model, epsilon-greedy with `args.eval_epsilon`; returns their
-    scores."""
+    """Scores of `args.eval_episodes` episodes of a saved model, epsilon-greedy with `args.eval_epsilon`."""
     if args.capture_video:  # envpool does not render; a gymnasium env with the same dynamics records the video
         envs = gym.vector.SyncVectorEnv([lambda: environments.make_video_env(args.env_id, video_folder)])
-        obs, _ = envs.reset(seed=args.seed)
     else:  # one environment per episode, so that short episodes are not over-represented
         envs = make_env(args.env_id, args.eval_episodes, args.seed)
-        obs, _ = envs.reset()
+    obs, _ = envs.reset(seed=args.seed) if args.capture_video else envs.reset()
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)
     model = QNetwork(envs.single_observation_space.shape, num_actions).to(device)
     model_files.load_weights(model, model_path, device)
     model.eval()
-    scores, episode_returns = [], np.zeros(num_envs)
+    stats, is_reset_step = episode_scores.EpisodeStats(num_envs), np.zeros(num_envs, dtype=bool)
     while quota.sum() > 0:
         with torch.no_grad():
             greedy = model(torch.as_tensor(obs, dtype=torch.float32, device=device)).argmax(1).cpu().numpy()
         explore = np.random.rand(num_envs) < args.eval_epsilon
         actions = np.where(explore, np.random.randint(num_actions, size=num_envs), greedy)
         obs, reward, terminated, truncated, _ = envs.step(actions)
-        episode_returns += reward
-        for i in np.flatnonzero(terminated | truncated):
-            if quota[i] > 0:
-                scores.append(float(episode_returns[i]))
-                quota[i] -= 1
-            episode_returns[i] = 0.0
+        counted = (terminated | truncated) & (quota > 0)  # each env counts its first `quota` episodes
+        stats.update(reward, is_reset_step, counted)
+        quota -= counted
+        is_reset_step = terminated | truncated  # the next step only resets (NEXT_STEP autoreset)
     envs.close()
-    return scores
+    return stats.scores
 
 
 CHECKPOINT_FORMAT = 3  # 3: the state `main` lists in `checkpoint_state`
@@ -268,13 +251,11 @@ def main(args: Args) -> list[float]:
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     epsilon_duration = args.exploration_fraction * args.total_timesteps
+    rollout_steps = args.num_envs * np.arange(1, args.num_steps + 1)  # agent steps into a rollout after each of its steps
     # cpu_threads=1: a network this small gains nothing from intra-op threads; they only add synchronization per call.
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
         device = run.device
-
-        def to_device(array: np.ndarray) -> torch.Tensor:
-            return torch.as_tensor(array, device=device)
-
+        to_device = functools.partial(torch.as_tensor, device=device)  # numpy arrays to the run's device
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
         q_network = QNetwork(obs_shape, num_actions).to(device)
@@ -295,8 +276,7 @@ def main(args: Args) -> list[float]:
         next_is_reset_step = np.zeros(args.num_envs, dtype=bool)
 
         def checkpoint_state(iterations_done: int = num_iterations) -> dict:
-            # Checkpoints fall between iterations, when the rollout storage holds nothing still needed; the default
-            # covers the whole action log, for a restore to load the saved rows into.
+            # Taken between iterations, when the rollout storage is spent; the default covers the whole action log (restore).
             return {
                 "iteration": iterations_done,
                 "q_network": q_network,
@@ -310,9 +290,7 @@ def main(args: Args) -> list[float]:
         start_iteration = 0
         if checkpoint is not None:
             start_iteration = run.restore(checkpoint_state())["iteration"]
-            envs, next_obs = run.fast_forward(
-                envs, action_log[: start_iteration * args.num_steps], next_obs, stats, actions.dtype
-            )
+            envs, next_obs = run.fast_forward(envs, action_log[: start_iteration * args.num_steps], next_obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
                 next_is_reset_step[:] = True
                 stats.drop_games_in_progress()
@@ -322,9 +300,7 @@ def main(args: Args) -> list[float]:
             if args.anneal_lr:
                 optimizer.lr = (1.0 - iteration / num_iterations) * args.learning_rate
             # Exploration draws for the whole rollout at once: one epsilon per step, decayed by global step.
-            step_epsilons = linear_schedule(
-                args.start_e, args.end_e, epsilon_duration, global_step + args.num_envs * np.arange(1, args.num_steps + 1)
-            )
+            step_epsilons = linear_schedule(args.start_e, args.end_e, epsilon_duration, global_step + rollout_steps)
             explore = np.random.rand(args.num_steps, args.num_envs) < step_epsilons[:, None]
             random_actions = np.random.randint(0, num_actions, (args.num_steps, args.num_envs))
 
@@ -333,8 +309,7 @@ def main(args: Args) -> list[float]:
                 obs[step] = next_obs
                 is_reset_step[step] = next_is_reset_step
                 with torch.no_grad():
-                    step_max_q, greedy = q_network(to_device(next_obs)).max(dim=1)
-                max_q[step] = step_max_q
+                    max_q[step], greedy = q_network(to_device(next_obs)).max(dim=1)
                 actions[step] = np.where(explore[step], random_actions[step], greedy.cpu().numpy())
                 action_log[iteration * args.num_steps + step] = actions[step]
 
@@ -344,15 +319,13 @@ def main(args: Args) -> list[float]:
                 stats.update(reward, next_is_reset_step, terminated | truncated, run.writer, global_step)
                 next_is_reset_step = terminated | truncated
 
+            b_rewards, b_terminations, b_is_reset_step = to_device(rewards), to_device(terminations), to_device(is_reset_step)
             with torch.no_grad():
                 last_max_q = q_network(to_device(next_obs)).max(dim=1).values
                 next_max_q = torch.cat([max_q[1:], last_max_q[None]])
-                fold_rewards, fold_dones = fold_reset_steps(
-                    to_device(rewards), to_device(terminations), max_q, to_device(is_reset_step)
-                )
+                fold_rewards, fold_dones = fold_reset_steps(b_rewards, b_terminations, max_q, b_is_reset_step)
                 returns = q_lambda_returns(fold_rewards, fold_dones, next_max_q, args.gamma, args.q_lambda)
-            b_obs, b_actions, b_valid = to_device(obs), to_device(actions), to_device(~is_reset_step).float()
-            batch = (b_obs.reshape((-1,) + obs_shape), b_actions.reshape(-1), returns.reshape(-1), b_valid.reshape(-1))
+            batch = tuple(x.flatten(0, 1) for x in (to_device(obs), to_device(actions), returns, (~b_is_reset_step).float()))
             loss, q_taken = train_on_rollout(q_network, optimizer, batch, args, run, global_step)
 
             is_last = iteration == num_iterations - 1

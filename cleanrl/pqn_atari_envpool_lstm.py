@@ -13,6 +13,7 @@ Docs: docs/rl-algorithms/pqn.md
 
 import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -96,9 +97,8 @@ class Args:
 def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> int:
     """Bytes of the rollout storage `main` allocates: (num_steps, num_envs) observations, then per step an int64
     action, float32 reward, termination and max-Q, and a bool reset flag."""
-    steps = args.num_steps * args.num_envs
     per_step = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 8 + 4 + 4 + 4 + 1
-    return steps * per_step
+    return args.num_steps * args.num_envs * per_step
 
 
 def validate_args(args: Args) -> None:
@@ -194,32 +194,25 @@ def linear_schedule(start: float, end: float, duration: float, t: np.ndarray) ->
 def q_lambda_returns(
     rewards: torch.Tensor, next_dones: torch.Tensor, next_max_q: torch.Tensor, gamma: float, q_lambda: float
 ) -> torch.Tensor:
-    """Peng's Q(lambda) targets of one rollout, all tensors of shape (num_steps, num_envs).
-
-    `next_dones[t]` is 1 where the episode ended after step t (no bootstrap), `next_max_q[t] = max_a Q(s_{t+1}, a)`.
-    G_{T-1} = r + gamma (1 - d) next_max_q, and
-    G_t = r_t + gamma (1 - d_t) (lambda G_{t+1} + (1 - lambda) next_max_q[t]).
-    """
+    """Peng's Q(lambda) targets of one rollout, all tensors of shape (num_steps, num_envs): `next_dones[t]` is 1 where
+    the episode ended after step t (no bootstrap), `next_max_q[t] = max_a Q(s_{t+1}, a)`; backwards from
+    G_{T-1} = r_{T-1} + gamma (1 - d_{T-1}) next_max_q[T-1],
+    G_t = r_t + gamma (1 - d_t) (lambda G_{t+1} + (1 - lambda) next_max_q[t])."""
     returns = torch.empty_like(rewards)
-    not_done = 1.0 - next_dones
-    returns[-1] = rewards[-1] + gamma * not_done[-1] * next_max_q[-1]
+    returns[-1] = rewards[-1] + gamma * (1.0 - next_dones[-1]) * next_max_q[-1]
     for t in range(rewards.shape[0] - 2, -1, -1):
         bootstrap = q_lambda * returns[t + 1] + (1.0 - q_lambda) * next_max_q[t]
-        returns[t] = rewards[t] + gamma * not_done[t] * bootstrap
+        returns[t] = rewards[t] + gamma * (1.0 - next_dones[t]) * bootstrap
     return returns
 
 
 def fold_reset_steps(
     rewards: torch.Tensor, terminations: torch.Tensor, max_q: torch.Tensor, is_reset_step: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rewards and episode ends for `q_lambda_returns` with envpool's reset steps made harmless.
-
-    Under NEXT_STEP autoreset the step after an episode end ignores its action and only resets the
-    environment; its observation is the last one of the finished episode. Giving that step the reward
-    max_q (the value of that last observation) and an episode end makes its return exactly max_q, so a
-    time-out's lambda-return bootstraps from the final observation and never reads into the next episode,
-    while a real termination still cuts the bootstrap itself. The reset steps are masked out of the loss.
-    """
+    """Rewards and episode ends for `q_lambda_returns` with envpool's reset steps made harmless, all (num_steps, num_envs).
+    Under NEXT_STEP autoreset the step after an episode end only resets; its observation is the finished episode's last.
+    Given the reward max_q (that observation's value) and an episode end, its return is exactly max_q: a time-out's
+    lambda-return bootstraps from the final observation, never from the next episode; a termination still cuts it."""
     rewards = torch.where(is_reset_step, max_q, rewards)
     next_dones = torch.where(is_reset_step, torch.ones_like(terminations), terminations)
     return rewards, next_dones
@@ -235,9 +228,7 @@ def train_on_rollout(
     num_envs = b_actions.shape[1]
     envs_per_minibatch = num_envs // args.num_minibatches
     for epoch in range(args.update_epochs):
-        env_inds = torch.randperm(num_envs, device=b_actions.device)
-        for start in range(0, num_envs, envs_per_minibatch):
-            mb = env_inds[start : start + envs_per_minibatch]
+        for mb in torch.randperm(num_envs, device=b_actions.device).split(envs_per_minibatch):
             mb_state = (initial_state[0][:, mb], initial_state[1][:, mb])
             q_values, _ = q_network(b_obs[:, mb], mb_state, b_is_first[:, mb])
             q_taken = q_values.gather(2, b_actions[:, mb, None]).squeeze(2)
@@ -305,12 +296,10 @@ def main(args: Args) -> list[float]:
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     epsilon_duration = args.exploration_fraction * args.total_timesteps
+    rollout_steps = args.num_envs * np.arange(1, args.num_steps + 1)  # agent steps into a rollout after each of its steps
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
         device = run.device
-
-        def to_device(array: np.ndarray) -> torch.Tensor:
-            return torch.as_tensor(array, device=device)
-
+        to_device = functools.partial(torch.as_tensor, device=device)  # numpy arrays to the run's device
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
         q_network = QNetwork(num_actions).to(device)
@@ -333,8 +322,7 @@ def main(args: Args) -> list[float]:
         lstm_state = q_network.initial_state(args.num_envs, device)
 
         def checkpoint_state(iterations_done: int = num_iterations) -> dict:
-            # Checkpoints fall between iterations, when the rollout storage holds nothing still needed; the default
-            # covers the whole action log, for a restore to load the saved rows into.
+            # Taken between iterations, when the rollout storage is spent; the default covers the whole action log (restore).
             return {
                 "iteration": iterations_done,
                 "q_network": q_network,
@@ -351,9 +339,7 @@ def main(args: Args) -> list[float]:
         if checkpoint is not None:
             saved = run.restore(checkpoint_state())
             start_iteration, lstm_state = saved["iteration"], tuple(tensor.to(device) for tensor in saved["lstm_state"])
-            envs, next_obs = run.fast_forward(
-                envs, action_log[: start_iteration * args.num_steps], next_obs, stats, actions.dtype
-            )
+            envs, next_obs = run.fast_forward(envs, action_log[: start_iteration * args.num_steps], next_obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
                 next_is_reset_step[:] = True
                 stats.drop_games_in_progress()
@@ -363,9 +349,7 @@ def main(args: Args) -> list[float]:
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = (1.0 - iteration / num_iterations) * args.learning_rate
             # Exploration draws for the whole rollout at once: one epsilon per step, decayed by global step.
-            step_epsilons = linear_schedule(
-                args.start_e, args.end_e, epsilon_duration, global_step + args.num_envs * np.arange(1, args.num_steps + 1)
-            )
+            step_epsilons = linear_schedule(args.start_e, args.end_e, epsilon_duration, global_step + rollout_steps)
             explore = np.random.rand(args.num_steps, args.num_envs) < step_epsilons[:, None]
             random_actions = np.random.randint(0, num_actions, (args.num_steps, args.num_envs))
             rollout_initial_state = (lstm_state[0].clone(), lstm_state[1].clone())
@@ -377,8 +361,7 @@ def main(args: Args) -> list[float]:
                 is_first[step] = next_is_first
                 with torch.no_grad():
                     q_values, lstm_state = q_network(to_device(next_obs)[None], lstm_state, to_device(next_is_first)[None])
-                    step_max_q, greedy = q_values[0].max(dim=1)
-                max_q[step] = step_max_q
+                    max_q[step], greedy = q_values[0].max(dim=1)
                 actions[step] = np.where(explore[step], random_actions[step], greedy.cpu().numpy())
                 action_log[iteration * args.num_steps + step] = actions[step]
 
@@ -391,15 +374,14 @@ def main(args: Args) -> list[float]:
                 next_is_first = next_is_reset_step
                 next_is_reset_step = terminated | truncated
 
+            b_rewards, b_terminations, b_is_reset_step = to_device(rewards), to_device(terminations), to_device(is_reset_step)
             with torch.no_grad():
                 last_q, _ = q_network(to_device(next_obs)[None], lstm_state, to_device(next_is_first)[None])
                 last_max_q = last_q[0].max(dim=1).values
                 next_max_q = torch.cat([max_q[1:], last_max_q[None]])
-                fold_rewards, fold_dones = fold_reset_steps(
-                    to_device(rewards), to_device(terminations), max_q, to_device(is_reset_step)
-                )
+                fold_rewards, fold_dones = fold_reset_steps(b_rewards, b_terminations, max_q, b_is_reset_step)
                 returns = q_lambda_returns(fold_rewards, fold_dones, next_max_q, args.gamma, args.q_lambda)
-            valid = to_device(~is_reset_step).float()
+            valid = (~b_is_reset_step).float()
             rollout = (to_device(obs), to_device(actions), to_device(is_first), returns, valid, rollout_initial_state)
             loss, q_taken = train_on_rollout(q_network, optimizer, rollout, args, run, global_step)
 
