@@ -156,10 +156,13 @@ def test_an_exact_resume_after_a_fresh_one_replays_only_the_steps_since_the_cut(
             interrupt_at_step(patch, pqn, 40)  # in the 3rd of 16 iterations
             run_until_stopped(pqn.main, pqn.Args(**flags, cuda=False))
         (path,) = Path("runs").glob("*/checkpoint.pt")
+        fresh = pqn.Args(resume=str(path), resume_fresh_envs=True, checkpoint_every=10**6, cuda=False)
         with monkeypatch.context() as patch:
             if second_stop:
                 interrupt_at_step(patch, pqn, second_stop)  # within the fresh run, after 4 more iterations
-            run_until_stopped(pqn.main, pqn.Args(resume=str(path), resume_fresh_envs=True, checkpoint_every=10**6, cuda=False))
+                run_until_stopped(pqn.main, fresh)
+            else:
+                pqn.main(fresh)
         if second_stop:
             cut, stop = load(path)["envs_start"], load(path)["global_step"]
             assert 0 < cut < stop < 1024
