@@ -456,27 +456,17 @@ def main(args: Args) -> list[float]:
         losses, q_means = torch.zeros(100, device=device), torch.zeros(100, device=device)  # read only when logged
         iteration, updates, last_target_update, learning_starts = 0, 0, 0, args.learning_starts
 
-        def checkpoint_state() -> dict:
-            return {
-                "iteration": iteration,
-                "updates": updates,
-                "last_target_update": last_target_update,
-                "q_network": q_network,
-                "target_network": target_network,
-                "optimizer": optimizer,
-                "rb": rb if args.checkpoint_replay else None,
-                "rng": rb.rng,  # saved even without the buffer: sampling goes on drawing from it
-                "window": window,
-                "stats": stats,
-                "obs": obs,
-                "is_reset_step": is_reset_step,
-                "action_log": action_log[:iteration],
-                "losses": losses,
-                "q_means": q_means,
-            }
+        def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
+            learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
+            actors = dict(obs=obs, is_reset_step=is_reset_step, window=window)
+            logs = dict(iteration=iterations_done, stats=stats, action_log=action_log[:iterations_done])
+            logs |= dict(losses=losses, q_means=q_means)
+            # the sampling generator is saved even without the buffer: sampling goes on drawing from it
+            replay = dict(rb=rb if args.checkpoint_replay else None, rng=rb.rng, last_target_update=last_target_update)
+            return learner | actors | logs | replay
 
         if checkpoint:
-            saved = run.restore(checkpoint_state() | {"action_log": action_log})  # into the whole preallocated log
+            saved = run.restore(checkpoint_state())
             iteration, updates, last_target_update = saved["iteration"], saved["updates"], saved["last_target_update"]
             if saved["rb"] is None:  # an empty buffer: act for another learning_starts steps before sampling from it
                 learning_starts = iteration * args.num_envs + args.learning_starts
@@ -531,7 +521,9 @@ def main(args: Args) -> list[float]:
                     run.writer.add_scalar("charts/SPS", progress.sps(global_step), global_step)
 
             progress.print(global_step, stats.recent, force=iteration == num_iterations)
-            if run.checkpoint_or_stop(global_step, args.num_envs, iteration == num_iterations, checkpoint_state):
+            if run.checkpoint_or_stop(
+                global_step, args.num_envs, iteration == num_iterations, lambda: checkpoint_state(iteration)
+            ):
                 break
 
         envs.close()

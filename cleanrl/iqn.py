@@ -369,23 +369,14 @@ def main(args: Args) -> list[float]:
         is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
         iteration, updates, learn_after = 0, 0, args.learning_starts  # updates run once global_step > learn_after
 
-        def checkpoint_state() -> dict:
-            return {
-                "q_network": q_network,
-                "target_network": target_network,
-                "optimizer": optimizer,
-                "rng": rng,
-                "stats": stats,
-                "action_log": action_log[:iteration],
-                "obs": obs,
-                "is_reset_step": is_reset_step,
-                "iteration": iteration,
-                "updates": updates,
-                **({"rb": rb} if args.checkpoint_replay else {}),
-            }
+        def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
+            learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
+            actors = dict(obs=obs, is_reset_step=is_reset_step)
+            logs = dict(iteration=iterations_done, stats=stats, rng=rng, action_log=action_log[:iterations_done])
+            return learner | actors | logs | ({"rb": rb} if args.checkpoint_replay else {})  # the replay is optional
 
         if checkpoint:
-            saved = run.restore({**checkpoint_state(), "action_log": action_log})  # the saved log fills its first rows
+            saved = run.restore(checkpoint_state())
             iteration, updates = saved["iteration"], saved["updates"]
             envs, obs = run.fast_forward(envs, action_log[:iteration], obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
@@ -426,7 +417,9 @@ def main(args: Args) -> list[float]:
                     target_network.load_state_dict(q_network.state_dict())
 
             progress.print(global_step, stats.recent)
-            if run.checkpoint_or_stop(global_step, args.num_envs, iteration == num_iterations, checkpoint_state):
+            if run.checkpoint_or_stop(
+                global_step, args.num_envs, iteration == num_iterations, lambda: checkpoint_state(iteration)
+            ):
                 break
 
         envs.close()

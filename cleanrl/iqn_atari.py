@@ -393,26 +393,15 @@ def main(args: Args) -> list[float]:
         next_is_first = np.zeros(args.num_envs, dtype=bool)  # the observation after that reset step starts a game
         iteration = updates = 0
 
-        def checkpoint_state() -> dict:
-            return {
-                "q_network": q_network,
-                "target_network": target_network,
-                "optimizer": optimizer,
-                "rng": rng,
-                "stats": stats,
-                "action_log": action_log[:iteration],
-                "obs": obs,
-                "is_first": is_first,
-                "is_reset_step": is_reset_step,
-                "next_is_first": next_is_first,
-                "iteration": iteration,
-                "updates": updates,
-                **({"rb": rb} if args.checkpoint_replay else {}),
-            }
+        def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
+            learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
+            actors = dict(obs=obs, is_reset_step=is_reset_step, is_first=is_first, next_is_first=next_is_first)
+            logs = dict(iteration=iterations_done, stats=stats, rng=rng, action_log=action_log[:iterations_done])
+            return learner | actors | logs | ({"rb": rb} if args.checkpoint_replay else {})  # the replay is optional
 
         learn_after = args.learning_starts  # global_step after which updates run
         if checkpoint:
-            saved = run.restore({**checkpoint_state(), "action_log": action_log})  # the saved log fills its first rows
+            saved = run.restore(checkpoint_state())
             iteration, updates = saved["iteration"], saved["updates"]
             envs, obs = run.fast_forward(envs, action_log[:iteration], obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step, then a first observation
@@ -460,7 +449,9 @@ def main(args: Args) -> list[float]:
                     target_network.load_state_dict(q_network.state_dict())
 
             progress.print(global_step, stats.recent)
-            if run.checkpoint_or_stop(global_step, args.num_envs, global_step >= args.total_timesteps, checkpoint_state):
+            if run.checkpoint_or_stop(
+                global_step, args.num_envs, global_step >= args.total_timesteps, lambda: checkpoint_state(iteration)
+            ):
                 break
 
         envs.close()

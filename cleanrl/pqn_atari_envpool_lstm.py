@@ -321,19 +321,12 @@ def main(args: Args) -> list[float]:
         next_is_first = np.ones(args.num_envs, dtype=bool)
         lstm_state = q_network.initial_state(args.num_envs, device)
 
-        def checkpoint_state(iterations_done: int = num_iterations) -> dict:
-            # Taken between iterations, when the rollout storage is spent; the default covers the whole action log (restore).
-            return {
-                "iteration": iterations_done,
-                "q_network": q_network,
-                "optimizer": optimizer,
-                "stats": stats,
-                "next_obs": next_obs,
-                "next_is_reset_step": next_is_reset_step,
-                "next_is_first": next_is_first,
-                "lstm_state": lstm_state,
-                "action_log": action_log[: iterations_done * args.num_steps],
-            }
+        def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
+            # Taken between iterations, when the rollout storage is spent: no replay, no target network.
+            learner = dict(q_network=q_network, optimizer=optimizer)
+            actors = dict(next_obs=next_obs, next_is_reset_step=next_is_reset_step, next_is_first=next_is_first)
+            logs = dict(iteration=iterations_done, stats=stats, action_log=action_log[: iterations_done * args.num_steps])
+            return learner | actors | logs | {"lstm_state": lstm_state}  # the actors' recurrent state
 
         start_iteration = 0
         if checkpoint is not None:
