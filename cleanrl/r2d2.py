@@ -201,16 +201,12 @@ class QNetwork(nn.Module):
         x = torch.cat([features, one_hot.float(), last_reward.unsqueeze(-1)], dim=-1)
         # the state restarts from zero at an episode's first observation; episodes only begin in a sequence's
         # first steps, so the LSTM runs fused over the few segments between those positions
-        h, c = state[0].unsqueeze(0), state[1].unsqueeze(0)
-        outputs, start = [], 0
-        for t in [*is_first.any(1).nonzero().flatten().tolist(), steps]:
-            if t > start:
-                out, (h, c) = self.lstm(x[start:t], (h, c))
-                outputs.append(out)
-            if t < steps:
-                keep = (~is_first[t]).float().unsqueeze(-1)
-                h, c = h * keep, c * keep
-            start = t
+        h, c, outputs = state[0].unsqueeze(0), state[1].unsqueeze(0), []
+        bounds = [0, *(is_first[1:].any(1).nonzero().flatten() + 1).tolist(), steps]
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            keep = (~is_first[start]).float().unsqueeze(-1)
+            out, (h, c) = self.lstm(x[start:end], (h * keep, c * keep))
+            outputs.append(out)
         out = torch.cat(outputs)
         advantage = self.advantage(out)
         return self.value(out) + advantage - advantage.mean(-1, keepdim=True), (h[0], c[0])
