@@ -292,7 +292,7 @@ class SequenceReplay:
     def _new_windows(self, envs, starts, lo, h, c):
         ids = (self.next_seq + np.arange(len(envs))) % self.max_seqs
         self.next_seq += len(envs)
-        self.tree.update(ids, np.zeros(len(ids)))  # evicts the oldest sequences (FIFO)
+        self.tree.update(ids, 0.0)  # evicts the oldest sequences (FIFO)
         self.seq_env[ids], self.seq_start[ids], self.seq_lo[ids] = envs, starts, lo
         self.seq_h[ids], self.seq_c[ids] = h, c
         self.open = np.concatenate([self.open, ids])
@@ -306,7 +306,7 @@ class SequenceReplay:
         if t % self.period == 0:  # forget windows whose slots the ring is about to overwrite
             stale = self.seq_start - self.history <= t - self.steps + self.period
             stale_ids = np.flatnonzero(stale & (self.tree.leaves(np.arange(self.max_seqs)) > 0))
-            self.tree.update(stale_ids, np.zeros(len(stale_ids)))
+            self.tree.update(stale_ids, 0.0)
         # close windows that are full or whose episode ended with this step's final observation
         env, start = self.seq_env[self.open], self.seq_start[self.open]
         ended, full = is_reset_step[env], t - start + 1 >= self.window
@@ -315,7 +315,7 @@ class SequenceReplay:
         trained = ~ended | (hi - 2 >= self.burn_in)  # at least one trained step
         keep = self.open[close & trained]
         self.seq_hi[keep] = hi[close & trained]
-        self.tree.update(keep, np.full(len(keep), self.max_priority**self.prioritized_replay_alpha))
+        self.tree.update(keep, self.max_priority**self.prioritized_replay_alpha)
         self.open = self.open[~close]
         # open new windows: their trained steps start at the multiples of `period` of an episode
         first = np.flatnonzero(is_first)
@@ -323,11 +323,10 @@ class SequenceReplay:
         since_start = t - self.episode_start + self.burn_in
         regular = np.flatnonzero(~is_first & ~is_reset_step & (since_start % self.period == 0))
         self._new_windows(regular, np.full(len(regular), t), self.episode_start[regular] - t, h[regular], c[regular])
-        zeros = np.zeros((len(first), self.seq_h.shape[1]), dtype=np.float32)
         earliest = -((self.seq_len - 1) // self.period) * self.period  # the first trained span that reaches the episode
         for trained_start in range(earliest, self.burn_in + 1, self.period) if len(first) else []:  # reach back before it
             lo = np.full(len(first), self.burn_in - trained_start)
-            self._new_windows(first, t - lo, lo, zeros, zeros)
+            self._new_windows(first, t - lo, lo, 0.0, 0.0)  # zero state
         self.t += 1
 
     def sample(self, batch_size: int, rng: np.random.Generator, prioritized_replay_beta: float, device):
@@ -347,29 +346,19 @@ class SequenceReplay:
         env = self.seq_env[ids][None]
         slots = (self.seq_start[ids][None] + pos) % self.steps
         valid = (pos >= self.seq_lo[ids][None]) & (pos < self.seq_hi[ids][None])  # padding: another episode
-        frames = self.obs[env, slots]
-        frames = frames * valid.reshape(*valid.shape, *([1] * (frames.ndim - 2))).astype(frames.dtype)
+        frames = self.obs[env, slots] * valid.reshape(*valid.shape, *[1] * (self.obs.ndim - 2)).astype(self.obs.dtype)
         actions = np.where(valid, self.actions[env, slots].astype(np.int64), -1)
         rewards = np.where(valid, self.rewards[env, slots], 0.0).astype(np.float32)
         done = valid & (self.terminated[env, slots] | self.truncated[env, slots])
         now, before = slice(self.history, None), slice(self.history - 1, -1)
-        batch = dict(
-            obs=np.stack([frames[self.history - j : len(frames) - j] for j in reversed(range(self.frame_stack))], 2),
-            actions=actions[now],
-            rewards=rewards[now],
-            last_action=actions[before],
-            last_reward=rewards[before],
-            terminated=valid[now] & self.terminated[env, slots[now]],
-            done=done[now],
-            valid=valid[now],
-            is_reset_step=done[before],
-            is_first=valid[now] & ~valid[before],
-            h=self.seq_h[ids],
-            c=self.seq_c[ids],
-        )
-        batch = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
-        batch["last_reward"] = batch["last_reward"].clamp(-1, 1)  # as the actor sees it
-        return batch
+        batch = {
+            **dict(obs=np.stack([frames[self.history - j : len(frames) - j] for j in reversed(range(self.frame_stack))], 2)),
+            **dict(actions=actions[now], rewards=rewards[now], h=self.seq_h[ids], c=self.seq_c[ids]),
+            **dict(terminated=valid[now] & self.terminated[env, slots[now]], done=done[now], valid=valid[now]),
+            **dict(is_first=valid[now] & ~valid[before], is_reset_step=done[before], last_action=actions[before]),
+            **dict(last_reward=np.clip(rewards[before], -1, 1)),  # clipped, as the actor sees it
+        }
+        return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
 
     def update_priorities(self, ids: np.ndarray, priorities: np.ndarray) -> None:
         self.max_priority = max(self.max_priority, float(priorities.max()))
