@@ -1,11 +1,10 @@
 """R2D2 (Recurrent Replay Distributed DQN) for vector observations.
 
-An LSTM Q-network learns from prioritized replay of fixed-length sequences: each sequence starts from the
-recurrent state the actor had when it was collected, a burn-in prefix only warms that state up, and the `seq_len`
-steps after it are trained with n-step double-Q targets under value rescaling; a sequence starts every
-`sequence_period` steps, so each step is trained in `seq_len / sequence_period` sequences. Many vectorized environments act
-with fixed per-actor epsilons in place of the paper's distributed actors. `--mask-velocity` hides CartPole's
-velocities, so the network has to infer them from its memory.
+An LSTM Q-network learns from prioritized replay of fixed-length sequences: each starts from the recurrent state the
+actor had when it was collected, a burn-in prefix only warms that state up, and the `seq_len` steps after it are
+trained with n-step double-Q targets under value rescaling; a new sequence starts every `sequence_period` steps.
+Vectorized environments act with fixed per-actor epsilons in place of the paper's distributed actors. Vectors get a
+dense torso, MinAtar's grids a convolutional one; `--mask-velocity` hides CartPole's velocities (a memory task).
 
 Paper: Kapturowski et al., "Recurrent Experience Replay in Distributed Reinforcement Learning", ICLR 2019.
 Docs: docs/rl-algorithms/r2d2.md
@@ -119,8 +118,7 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# The configuration a MinAtar id runs with (flags given on the command line win). Provisional, not yet tuned by a
-# sweep (docs/rl-algorithms/r2d2.md): a budget a 2-core CPU runs in under an hour, sequences of 20 trained steps.
+# A MinAtar id's configuration (given flags win), provisional (docs/rl-algorithms/r2d2.md): under an hour on 2 CPU cores.
 MINATAR_DEFAULTS = dict(
     total_timesteps=2_000_000,
     buffer_size=200_000,
@@ -131,8 +129,7 @@ MINATAR_DEFAULTS = dict(
     replay_ratio=4.0,
     learning_rate=2.5e-4,
     target_network_frequency=100,  # a copy every 16k agent steps; with 1,000 (160k) Breakout stayed at random play
-    # The paper's fixed per-actor epsilons, 0.4^(1 + 7 i / 15), as r2d2_atari.py: --end-e is their base, not a floor,
-    # and a base decaying to 0.01 leaves every actor but one almost greedy.
+    # the paper's fixed per-actor epsilons 0.4^(1 + 7i/15), as r2d2_atari.py: a base decaying to 0.01 left all but one greedy
     start_e=0.4,
     end_e=0.4,
 )
@@ -172,9 +169,8 @@ def observe(obs: np.ndarray, mask_velocity: bool) -> np.ndarray:
 
 
 class QNetwork(nn.Module):
-    """Torso -> LSTM (input also gets the previous reward and one-hot previous action) -> dueling heads. The torso of
-    a vector is one dense layer of `lstm_size` units; of MinAtar's (10, 10, C) grid, Young & Tian's convolution of 16
-    filters 3x3 and 128 units."""
+    """Torso (a dense layer for vectors, Young & Tian's convolution for MinAtar's grids) -> LSTM (input also gets the
+    previous reward and one-hot previous action) -> dueling heads."""
 
     def __init__(self, obs_shape: tuple, num_actions: int, lstm_size: int):
         super().__init__()
@@ -267,13 +263,10 @@ def max_sequences(capacity: int, num_envs: int, period: int, window: int) -> int
 
 
 class SequenceReplay:
-    """Every observation is stored once, in one ring-buffered step stream per environment. A sequence is an
-    index window into its stream: start slot, the positions [lo, hi) that belong to its episode (lo < 0: the
-    episode began before the window), the actor's LSTM state before the first slot and a priority. A window
-    spans `burn_in + seq_len + n_step` slots (burn-in prefix, trained steps, target steps), its trained steps start
-    at the multiples of `sequence_period` of its episode, and it never crosses an episode: positions outside
-    [lo, hi) are padding. The first windows of an episode reach back before it (lo >= 0, zero state), so its
-    first steps are trained as often as the others."""
+    """Every observation is stored once, in one ring of slots per environment; a sequence is an index window into
+    it (docs page, "Sequence replay without duplicated frames"). A window never crosses an episode: its positions
+    outside [lo, hi) are padding, lo < 0 where the episode began before the window, lo >= 0 (zero state) where the
+    window reaches back before the episode's start, so that its first steps are trained as often as the others."""
 
     def __init__(self, args: Args, obs_shape: tuple, obs_dtype):
         self.num_envs, self.steps = args.num_envs, args.buffer_size // args.num_envs
@@ -386,8 +379,7 @@ class SequenceReplay:
 
 
 def replay_memory_bytes(args: Args, obs_shape: tuple, obs_dtype) -> int:
-    """Bytes that SequenceReplay allocates for these flags: the step streams and the per-sequence records with
-    their sum tree (computed from the flags, before anything is allocated)."""
+    """Bytes that SequenceReplay allocates for these flags (the step streams, the sequence records and their tree)."""
     steps, window = args.buffer_size // args.num_envs, args.burn_in + args.seq_len + args.n_step
     per_step = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 1 + 4 + 1 + 1  # obs, action, reward, flags
     max_seqs = max_sequences(args.buffer_size, args.num_envs, args.sequence_period, window)

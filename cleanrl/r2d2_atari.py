@@ -1,11 +1,10 @@
 """R2D2 (Recurrent Replay Distributed DQN) for Atari, with envpool.
 
-An LSTM Q-network learns from prioritized replay of fixed-length sequences: each sequence starts from the
-recurrent state the actor had when it was collected, a burn-in prefix only warms that state up, and the `seq_len`
-steps after it are trained with n-step double-Q targets under value rescaling; a sequence starts every
-`sequence_period` steps, so each step is trained in `seq_len / sequence_period` sequences. Many vectorized environments act
-with fixed per-actor epsilons in place of the paper's distributed actors. Frames are stored once, single and
-uint8; the replay builds frame stacks and sequences from them as index windows.
+An LSTM Q-network learns from prioritized replay of fixed-length sequences: each starts from the recurrent state the
+actor had when it was collected, a burn-in prefix only warms that state up, and the `seq_len` steps after it are
+trained with n-step double-Q targets under value rescaling; a new sequence starts every `sequence_period` steps.
+Vectorized environments act with fixed per-actor epsilons in place of the paper's distributed actors. Frames are stored
+once, single and uint8; the replay builds frame stacks and sequences from them as index windows.
 
 Paper: Kapturowski et al., "Recurrent Experience Replay in Distributed Reinforcement Learning", ICLR 2019.
 Docs: docs/rl-algorithms/r2d2.md
@@ -246,13 +245,10 @@ def max_sequences(capacity: int, num_envs: int, period: int, window: int) -> int
 
 
 class SequenceReplay:
-    """Every observation is stored once, in one ring-buffered step stream per environment. A sequence is an
-    index window into its stream: start slot, the positions [lo, hi) that belong to its episode (lo < 0: the
-    episode began before the window), the actor's LSTM state before the first slot and a priority. A window
-    spans `burn_in + seq_len + n_step` slots (burn-in prefix, trained steps, target steps), its trained steps start
-    at the multiples of `sequence_period` of its episode, and it never crosses an episode: positions outside
-    [lo, hi) are padding. The first windows of an episode reach back before it (lo >= 0, zero state), so its
-    first steps are trained as often as the others."""
+    """Every observation is stored once, in one ring of slots per environment; a sequence is an index window into
+    it (docs page, "Sequence replay without duplicated frames"). A window never crosses an episode: its positions
+    outside [lo, hi) are padding, lo < 0 where the episode began before the window, lo >= 0 (zero state) where the
+    window reaches back before the episode's start, so that its first steps are trained as often as the others."""
 
     def __init__(self, args: Args, obs_shape: tuple, obs_dtype):
         self.num_envs, self.steps = args.num_envs, args.buffer_size // args.num_envs
@@ -366,8 +362,7 @@ class SequenceReplay:
 
 
 def replay_memory_bytes(args: Args, obs_shape: tuple, obs_dtype) -> int:
-    """Bytes that SequenceReplay allocates for these flags: the step streams and the per-sequence records with
-    their sum tree (computed from the flags, before anything is allocated)."""
+    """Bytes that SequenceReplay allocates for these flags (the step streams, the sequence records and their tree)."""
     steps, window = args.buffer_size // args.num_envs, args.burn_in + args.seq_len + args.n_step
     per_step = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 1 + 4 + 1 + 1  # obs, action, reward, flags
     max_seqs = max_sequences(args.buffer_size, args.num_envs, args.sequence_period, window)
