@@ -148,7 +148,7 @@ def validate_args(args: Args) -> None:
     ]
     flag_checks.check_flags(checks)
     obs_shape = observe(np.zeros((1, *spec.observation_space.shape)), args.mask_velocity).shape[1:]
-    needed = replay_memory_bytes(args, obs_shape, stored_dtype(obs_shape))
+    needed = replay_memory_bytes(args, obs_shape, spec.observation_space.dtype)
     flag_checks.check_memory(needed, "the replay", f"--buffer-size={args.buffer_size}")
 
 
@@ -156,11 +156,6 @@ def make_env(env_id: str, num_envs: int, seed: int):
     if minatar.is_minatar(env_id):
         return minatar.make_envs(env_id, num_envs, seed)
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
-
-
-def stored_dtype(obs_shape: tuple):
-    """MinAtar's grids of bool planes are stored as they come, vectors as float32."""
-    return np.bool_ if len(obs_shape) == 3 else np.float32
 
 
 def observe(obs: np.ndarray, mask_velocity: bool) -> np.ndarray:
@@ -506,10 +501,8 @@ def main(args: Args) -> list[float]:
         print(f"  torso: {q_network.torso_name}")
         target_network.load_state_dict(q_network.state_dict())
         optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps)
-        rb = SequenceReplay(args, obs_shape, stored_dtype(obs_shape))
-        per_observation = (
-            f"{replay_memory_bytes(args, obs_shape, stored_dtype(obs_shape)) / (rb.num_envs * rb.steps):.1f} bytes"
-        )
+        rb = SequenceReplay(args, obs_shape, obs.dtype)  # as the env gives them: float32 vectors, MinAtar's bool planes
+        per_observation = f"{replay_memory_bytes(args, obs_shape, rb.obs.dtype) / (rb.num_envs * rb.steps):.1f} bytes"
         print(f"replay: {per_observation} per stored observation")
         run.writer.add_text("replay", f"{per_observation} per stored observation")
         updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * args.seq_len)
