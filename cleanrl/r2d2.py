@@ -483,9 +483,7 @@ def main(args: Args) -> list[float]:
     args = minatar.with_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
-    args, checkpoint = command_line.resume(
-        args, __file__, CHECKPOINT_FORMAT
-    )  # a resumed run goes on with the checkpoint's flags
+    args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
     args = flag_checks.whole_iterations(args)
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
@@ -528,11 +526,10 @@ def main(args: Args) -> list[float]:
             saved = run.restore(checkpoint_state())
             update_credit, updates, learn_from = saved["update_credit"], saved["updates"], saved["learn_from"]
             envs, obs = run.fast_forward(envs, action_log[: global_step // num_envs], obs, stats)
-            if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
-                is_reset_step[:] = True
-                stats.drop_games_in_progress()
-                # the cut is a time-out (targets bootstrap from obs); its reset step starts no episode
-                rb.truncated[:, (rb.t - 1) % rb.steps], is_first[:] = True, False
+            if args.resume_fresh_envs:  # new games: every env's next step is a reset step, which starts no episode
+                is_reset_step[:], is_first[:] = True, False
+                stats.drop_games_in_progress()  # the partial scores
+                rb.truncated[:, (rb.t - 1) % rb.steps] = True  # the cut is a time-out: targets bootstrap from obs
             if not rb.save_arrays:  # the replay starts empty: collect again before learning
                 learn_from = checkpoint["global_step"] + args.learning_starts
                 run.note_empty_replay(learn_from)

@@ -475,9 +475,7 @@ def to_step_inputs(obs, last_action, last_reward, is_first, device):
 def main(args: Args) -> list[float]:
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
-    args, checkpoint = command_line.resume(
-        args, __file__, CHECKPOINT_FORMAT
-    )  # a resumed run goes on with the checkpoint's flags
+    args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
     args = flag_checks.whole_iterations(args)
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
@@ -519,11 +517,10 @@ def main(args: Args) -> list[float]:
             saved = run.restore(checkpoint_state())
             update_credit, updates, learn_from = saved["update_credit"], saved["updates"], saved["learn_from"]
             envs, obs = run.fast_forward(envs, action_log[: global_step // num_envs], obs, stats)
-            if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
-                is_reset_step[:] = True
-                stats.drop_games_in_progress()
-                # the cut is a time-out (targets bootstrap from obs); its reset step starts no episode
-                rb.truncated[:, (rb.t - 1) % rb.steps], is_first[:] = True, False
+            if args.resume_fresh_envs:  # new games: every env's next step is a reset step, which starts no episode
+                is_reset_step[:], is_first[:] = True, False
+                stats.drop_games_in_progress()  # the partial scores
+                rb.truncated[:, (rb.t - 1) % rb.steps] = True  # the cut is a time-out: targets bootstrap from obs
             if not rb.save_arrays:  # the replay starts empty: collect again before learning
                 learn_from = checkpoint["global_step"] + args.learning_starts
                 run.note_empty_replay(learn_from)
@@ -535,7 +532,8 @@ def main(args: Args) -> list[float]:
             last_action, last_reward = np.where(is_first, -1, last_action), np.where(is_first, 0, last_reward)
             decay = min(global_step / max(args.exploration_fraction * args.total_timesteps, 1), 1.0)
             epsilons = actor_epsilons(num_envs, args.start_e + decay * (args.end_e - args.start_e), args.epsilon_alpha)
-            stack = push_frame(stack, obs[:, -1], is_first)
+            frame = obs[:, -1]  # (N, 84, 84): envpool's stack of one frame
+            stack = push_frame(stack, frame, is_first)
             with torch.no_grad():
                 q, (next_h, next_c) = q_network(*to_step_inputs(stack, last_action, last_reward, is_first, device), (h, c))
             explore = rng.random(num_envs) < epsilons
@@ -543,9 +541,7 @@ def main(args: Args) -> list[float]:
             next_obs, reward, terminated, truncated, info = envs.step(actions)
             terminated = environments.terminated_at_step_cap(terminated, truncated, info)  # a game over on the capped step
             action_log[iteration] = actions
-            rb.add(
-                obs[:, -1], actions, reward, terminated, truncated, is_first, is_reset_step, h.cpu().numpy(), c.cpu().numpy()
-            )
+            rb.add(frame, actions, reward, terminated, truncated, is_first, is_reset_step, h.cpu().numpy(), c.cpu().numpy())
             game_over = info["terminated"].astype(bool) | truncated  # true game score: raw rewards, all lives
             stats.update(info["reward"], is_reset_step, game_over, run.writer, global_step)
             obs, h, c = next_obs, next_h, next_c
