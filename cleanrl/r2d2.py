@@ -1,11 +1,10 @@
 """R2D2 (Recurrent Replay Distributed DQN) for vector observations.
 
-An LSTM Q-network learns from prioritized replay of fixed-length sequences: each sequence starts from the
-recurrent state the actor had when it was collected, a burn-in prefix only warms that state up, and the `seq_len`
-steps after it are trained with n-step double-Q targets under value rescaling; a sequence starts every
-`sequence_period` steps, so each step is trained in `seq_len / sequence_period` sequences. Many vectorized environments act
-with fixed per-actor epsilons in place of the paper's distributed actors. `--mask-velocity` hides CartPole's
-velocities, so the network has to infer them from its memory.
+An LSTM Q-network learns from prioritized replay of fixed-length sequences: each starts from the recurrent state the
+actor had when it was collected, a burn-in prefix only warms that state up, and the `seq_len` steps after it are
+trained with n-step double-Q targets under value rescaling; a new sequence starts every `sequence_period` steps.
+Vectorized environments act with fixed per-actor epsilons in place of the paper's distributed actors. Vectors get a
+dense torso, MinAtar's grids a convolutional one; `--mask-velocity` hides CartPole's velocities (a memory task).
 
 Paper: Kapturowski et al., "Recurrent Experience Replay in Distributed Reinforcement Learning", ICLR 2019.
 Docs: docs/rl-algorithms/r2d2.md
@@ -119,8 +118,7 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# The configuration a MinAtar id runs with (flags given on the command line win). Provisional, not yet tuned by a
-# sweep (docs/rl-algorithms/r2d2.md): a budget a 2-core CPU runs in under an hour, sequences of 20 trained steps.
+# A MinAtar id's configuration (given flags win), provisional (docs/rl-algorithms/r2d2.md): under an hour on 2 CPU cores.
 MINATAR_DEFAULTS = dict(
     total_timesteps=2_000_000,
     buffer_size=200_000,
@@ -131,8 +129,7 @@ MINATAR_DEFAULTS = dict(
     replay_ratio=4.0,
     learning_rate=2.5e-4,
     target_network_frequency=100,  # a copy every 16k agent steps; with 1,000 (160k) Breakout stayed at random play
-    # The paper's fixed per-actor epsilons, 0.4^(1 + 7 i / 15), as r2d2_atari.py: --end-e is their base, not a floor,
-    # and a base decaying to 0.01 leaves every actor but one almost greedy.
+    # the paper's fixed per-actor epsilons 0.4^(1 + 7i/15), as r2d2_atari.py: a base decaying to 0.01 left all but one greedy
     start_e=0.4,
     end_e=0.4,
 )
@@ -151,7 +148,7 @@ def validate_args(args: Args) -> None:
     ]
     flag_checks.check_flags(checks)
     obs_shape = observe(np.zeros((1, *spec.observation_space.shape)), args.mask_velocity).shape[1:]
-    needed = replay_memory_bytes(args, obs_shape, stored_dtype(obs_shape))
+    needed = replay_memory_bytes(args, obs_shape, spec.observation_space.dtype)
     flag_checks.check_memory(needed, "the replay", f"--buffer-size={args.buffer_size}")
 
 
@@ -161,20 +158,14 @@ def make_env(env_id: str, num_envs: int, seed: int):
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
 
 
-def stored_dtype(obs_shape: tuple):
-    """MinAtar's grids of bool planes are stored as they come, vectors as float32."""
-    return np.bool_ if len(obs_shape) == 3 else np.float32
-
-
 def observe(obs: np.ndarray, mask_velocity: bool) -> np.ndarray:
     """CartPole's observation is (x, x_dot, theta, theta_dot); the memory task keeps (x, theta)."""
     return obs[:, [0, 2]] if mask_velocity else obs
 
 
 class QNetwork(nn.Module):
-    """Torso -> LSTM (input also gets the previous reward and one-hot previous action) -> dueling heads. The torso of
-    a vector is one dense layer of `lstm_size` units; of MinAtar's (10, 10, C) grid, Young & Tian's convolution of 16
-    filters 3x3 and 128 units."""
+    """Torso (a dense layer for vectors, Young & Tian's convolution for MinAtar's grids) -> LSTM (input also gets the
+    previous reward and one-hot previous action) -> dueling heads."""
 
     def __init__(self, obs_shape: tuple, num_actions: int, lstm_size: int):
         super().__init__()
@@ -201,16 +192,12 @@ class QNetwork(nn.Module):
         x = torch.cat([features, one_hot.float(), last_reward.unsqueeze(-1)], dim=-1)
         # the state restarts from zero at an episode's first observation; episodes only begin in a sequence's
         # first steps, so the LSTM runs fused over the few segments between those positions
-        h, c = state[0].unsqueeze(0), state[1].unsqueeze(0)
-        outputs, start = [], 0
-        for t in [*is_first.any(1).nonzero().flatten().tolist(), steps]:
-            if t > start:
-                out, (h, c) = self.lstm(x[start:t], (h, c))
-                outputs.append(out)
-            if t < steps:
-                keep = (~is_first[t]).float().unsqueeze(-1)
-                h, c = h * keep, c * keep
-            start = t
+        h, c, outputs = state[0].unsqueeze(0), state[1].unsqueeze(0), []
+        bounds = [0, *(is_first[1:].any(1).nonzero().flatten() + 1).tolist(), steps]
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            keep = (~is_first[start]).float().unsqueeze(-1)
+            out, (h, c) = self.lstm(x[start:end], (h * keep, c * keep))
+            outputs.append(out)
         out = torch.cat(outputs)
         advantage = self.advantage(out)
         return self.value(out) + advantage - advantage.mean(-1, keepdim=True), (h[0], c[0])
@@ -271,13 +258,10 @@ def max_sequences(capacity: int, num_envs: int, period: int, window: int) -> int
 
 
 class SequenceReplay:
-    """Every observation is stored once, in one ring-buffered step stream per environment. A sequence is an
-    index window into its stream: start slot, the positions [lo, hi) that belong to its episode (lo < 0: the
-    episode began before the window), the actor's LSTM state before the first slot and a priority. A window
-    spans `burn_in + seq_len + n_step` slots (burn-in prefix, trained steps, target steps), its trained steps start
-    at the multiples of `sequence_period` of its episode, and it never crosses an episode: positions outside
-    [lo, hi) are padding. The first windows of an episode reach back before it (lo >= 0, zero state), so its
-    first steps are trained as often as the others."""
+    """Every observation is stored once, in one ring of slots per environment; a sequence is an index window into
+    it (docs page, "Sequence replay without duplicated frames"). A window never crosses an episode: its positions
+    outside [lo, hi) are padding, lo < 0 where the episode began before the window, lo >= 0 (zero state) where the
+    window reaches back before the episode's start, so that its first steps are trained as often as the others."""
 
     def __init__(self, args: Args, obs_shape: tuple, obs_dtype):
         self.num_envs, self.steps = args.num_envs, args.buffer_size // args.num_envs
@@ -316,7 +300,7 @@ class SequenceReplay:
     def _new_windows(self, envs, starts, lo, h, c):
         ids = (self.next_seq + np.arange(len(envs))) % self.max_seqs
         self.next_seq += len(envs)
-        self.tree.update(ids, np.zeros(len(ids)))  # evicts the oldest sequences (FIFO)
+        self.tree.update(ids, 0.0)  # evicts the oldest sequences (FIFO)
         self.seq_env[ids], self.seq_start[ids], self.seq_lo[ids] = envs, starts, lo
         self.seq_h[ids], self.seq_c[ids] = h, c
         self.open = np.concatenate([self.open, ids])
@@ -330,7 +314,7 @@ class SequenceReplay:
         if t % self.period == 0:  # forget windows whose slots the ring is about to overwrite
             stale = self.seq_start - self.history <= t - self.steps + self.period
             stale_ids = np.flatnonzero(stale & (self.tree.leaves(np.arange(self.max_seqs)) > 0))
-            self.tree.update(stale_ids, np.zeros(len(stale_ids)))
+            self.tree.update(stale_ids, 0.0)
         # close windows that are full or whose episode ended with this step's final observation
         env, start = self.seq_env[self.open], self.seq_start[self.open]
         ended, full = is_reset_step[env], t - start + 1 >= self.window
@@ -339,7 +323,7 @@ class SequenceReplay:
         trained = ~ended | (hi - 2 >= self.burn_in)  # at least one trained step
         keep = self.open[close & trained]
         self.seq_hi[keep] = hi[close & trained]
-        self.tree.update(keep, np.full(len(keep), self.max_priority**self.prioritized_replay_alpha))
+        self.tree.update(keep, self.max_priority**self.prioritized_replay_alpha)
         self.open = self.open[~close]
         # open new windows: their trained steps start at the multiples of `period` of an episode
         first = np.flatnonzero(is_first)
@@ -347,11 +331,10 @@ class SequenceReplay:
         since_start = t - self.episode_start + self.burn_in
         regular = np.flatnonzero(~is_first & ~is_reset_step & (since_start % self.period == 0))
         self._new_windows(regular, np.full(len(regular), t), self.episode_start[regular] - t, h[regular], c[regular])
-        zeros = np.zeros((len(first), self.seq_h.shape[1]), dtype=np.float32)
         earliest = -((self.seq_len - 1) // self.period) * self.period  # the first trained span that reaches the episode
         for trained_start in range(earliest, self.burn_in + 1, self.period) if len(first) else []:  # reach back before it
             lo = np.full(len(first), self.burn_in - trained_start)
-            self._new_windows(first, t - lo, lo, zeros, zeros)
+            self._new_windows(first, t - lo, lo, 0.0, 0.0)  # zero state
         self.t += 1
 
     def sample(self, batch_size: int, rng: np.random.Generator, prioritized_replay_beta: float, device):
@@ -371,29 +354,19 @@ class SequenceReplay:
         env = self.seq_env[ids][None]
         slots = (self.seq_start[ids][None] + pos) % self.steps
         valid = (pos >= self.seq_lo[ids][None]) & (pos < self.seq_hi[ids][None])  # padding: another episode
-        frames = self.obs[env, slots]
-        frames = frames * valid.reshape(*valid.shape, *([1] * (frames.ndim - 2))).astype(frames.dtype)
+        frames = self.obs[env, slots] * valid.reshape(*valid.shape, *[1] * (self.obs.ndim - 2)).astype(self.obs.dtype)
         actions = np.where(valid, self.actions[env, slots].astype(np.int64), -1)
         rewards = np.where(valid, self.rewards[env, slots], 0.0).astype(np.float32)
         done = valid & (self.terminated[env, slots] | self.truncated[env, slots])
         now, before = slice(self.history, None), slice(self.history - 1, -1)
-        batch = dict(
-            obs=frames[self.history :],
-            actions=actions[now],
-            rewards=rewards[now],
-            last_action=actions[before],
-            last_reward=rewards[before],
-            terminated=valid[now] & self.terminated[env, slots[now]],
-            done=done[now],
-            valid=valid[now],
-            is_reset_step=done[before],
-            is_first=valid[now] & ~valid[before],
-            h=self.seq_h[ids],
-            c=self.seq_c[ids],
-        )
-        batch = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
-        batch["last_reward"] = batch["last_reward"].clamp(-1, 1)  # as the actor sees it
-        return batch
+        batch = {
+            **dict(obs=frames[self.history :]),
+            **dict(actions=actions[now], rewards=rewards[now], h=self.seq_h[ids], c=self.seq_c[ids]),
+            **dict(terminated=valid[now] & self.terminated[env, slots[now]], done=done[now], valid=valid[now]),
+            **dict(is_first=valid[now] & ~valid[before], is_reset_step=done[before], last_action=actions[before]),
+            **dict(last_reward=np.clip(rewards[before], -1, 1)),  # clipped, as the actor sees it
+        }
+        return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
 
     def update_priorities(self, ids: np.ndarray, priorities: np.ndarray) -> None:
         self.max_priority = max(self.max_priority, float(priorities.max()))
@@ -401,8 +374,7 @@ class SequenceReplay:
 
 
 def replay_memory_bytes(args: Args, obs_shape: tuple, obs_dtype) -> int:
-    """Bytes that SequenceReplay allocates for these flags: the step streams and the per-sequence records with
-    their sum tree (computed from the flags, before anything is allocated)."""
+    """Bytes that SequenceReplay allocates for these flags (the step streams, the sequence records and their tree)."""
     steps, window = args.buffer_size // args.num_envs, args.burn_in + args.seq_len + args.n_step
     per_step = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 1 + 4 + 1 + 1  # obs, action, reward, flags
     max_seqs = max_sequences(args.buffer_size, args.num_envs, args.sequence_period, window)
@@ -511,9 +483,7 @@ def main(args: Args) -> list[float]:
     args = minatar.with_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
-    args, checkpoint = command_line.resume(
-        args, __file__, CHECKPOINT_FORMAT
-    )  # a resumed run goes on with the checkpoint's flags
+    args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
     args = flag_checks.whole_iterations(args)
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
@@ -529,10 +499,8 @@ def main(args: Args) -> list[float]:
         print(f"  torso: {q_network.torso_name}")
         target_network.load_state_dict(q_network.state_dict())
         optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps)
-        rb = SequenceReplay(args, obs_shape, stored_dtype(obs_shape))
-        per_observation = (
-            f"{replay_memory_bytes(args, obs_shape, stored_dtype(obs_shape)) / (rb.num_envs * rb.steps):.1f} bytes"
-        )
+        rb = SequenceReplay(args, obs_shape, obs.dtype)  # as the env gives them: float32 vectors, MinAtar's bool planes
+        per_observation = f"{replay_memory_bytes(args, obs_shape, rb.obs.dtype) / (rb.num_envs * rb.steps):.1f} bytes"
         print(f"replay: {per_observation} per stored observation")
         run.writer.add_text("replay", f"{per_observation} per stored observation")
         updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * args.seq_len)
@@ -558,11 +526,10 @@ def main(args: Args) -> list[float]:
             saved = run.restore(checkpoint_state())
             update_credit, updates, learn_from = saved["update_credit"], saved["updates"], saved["learn_from"]
             envs, obs = run.fast_forward(envs, action_log[: global_step // num_envs], obs, stats)
-            if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
-                is_reset_step[:] = True
-                stats.drop_games_in_progress()
-                # the cut is a time-out (targets bootstrap from obs); its reset step starts no episode
-                rb.truncated[:, (rb.t - 1) % rb.steps], is_first[:] = True, False
+            if args.resume_fresh_envs:  # new games: every env's next step is a reset step, which starts no episode
+                is_reset_step[:], is_first[:] = True, False
+                stats.drop_games_in_progress()  # the partial scores
+                rb.truncated[:, (rb.t - 1) % rb.steps] = True  # the cut is a time-out: targets bootstrap from obs
             if not rb.save_arrays:  # the replay starts empty: collect again before learning
                 learn_from = checkpoint["global_step"] + args.learning_starts
                 run.note_empty_replay(learn_from)

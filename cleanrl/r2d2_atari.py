@@ -1,11 +1,10 @@
 """R2D2 (Recurrent Replay Distributed DQN) for Atari, with envpool.
 
-An LSTM Q-network learns from prioritized replay of fixed-length sequences: each sequence starts from the
-recurrent state the actor had when it was collected, a burn-in prefix only warms that state up, and the `seq_len`
-steps after it are trained with n-step double-Q targets under value rescaling; a sequence starts every
-`sequence_period` steps, so each step is trained in `seq_len / sequence_period` sequences. Many vectorized environments act
-with fixed per-actor epsilons in place of the paper's distributed actors. Frames are stored once, single and
-uint8; the replay builds frame stacks and sequences from them as index windows.
+An LSTM Q-network learns from prioritized replay of fixed-length sequences: each starts from the recurrent state the
+actor had when it was collected, a burn-in prefix only warms that state up, and the `seq_len` steps after it are
+trained with n-step double-Q targets under value rescaling; a new sequence starts every `sequence_period` steps.
+Vectorized environments act with fixed per-actor epsilons in place of the paper's distributed actors. Frames are stored
+once, single and uint8; the replay builds frame stacks and sequences from them as index windows.
 
 Paper: Kapturowski et al., "Recurrent Experience Replay in Distributed Reinforcement Learning", ICLR 2019.
 Docs: docs/rl-algorithms/r2d2.md
@@ -180,16 +179,12 @@ class QNetwork(nn.Module):
         x = torch.cat([features, one_hot.float(), last_reward.unsqueeze(-1)], dim=-1)
         # the state restarts from zero at an episode's first observation; episodes only begin in a sequence's
         # first steps, so the LSTM runs fused over the few segments between those positions
-        h, c = state[0].unsqueeze(0), state[1].unsqueeze(0)
-        outputs, start = [], 0
-        for t in [*is_first.any(1).nonzero().flatten().tolist(), steps]:
-            if t > start:
-                out, (h, c) = self.lstm(x[start:t], (h, c))
-                outputs.append(out)
-            if t < steps:
-                keep = (~is_first[t]).float().unsqueeze(-1)
-                h, c = h * keep, c * keep
-            start = t
+        h, c, outputs = state[0].unsqueeze(0), state[1].unsqueeze(0), []
+        bounds = [0, *(is_first[1:].any(1).nonzero().flatten() + 1).tolist(), steps]
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            keep = (~is_first[start]).float().unsqueeze(-1)
+            out, (h, c) = self.lstm(x[start:end], (h * keep, c * keep))
+            outputs.append(out)
         out = torch.cat(outputs)
         advantage = self.advantage(out)
         return self.value(out) + advantage - advantage.mean(-1, keepdim=True), (h[0], c[0])
@@ -250,13 +245,10 @@ def max_sequences(capacity: int, num_envs: int, period: int, window: int) -> int
 
 
 class SequenceReplay:
-    """Every observation is stored once, in one ring-buffered step stream per environment. A sequence is an
-    index window into its stream: start slot, the positions [lo, hi) that belong to its episode (lo < 0: the
-    episode began before the window), the actor's LSTM state before the first slot and a priority. A window
-    spans `burn_in + seq_len + n_step` slots (burn-in prefix, trained steps, target steps), its trained steps start
-    at the multiples of `sequence_period` of its episode, and it never crosses an episode: positions outside
-    [lo, hi) are padding. The first windows of an episode reach back before it (lo >= 0, zero state), so its
-    first steps are trained as often as the others."""
+    """Every observation is stored once, in one ring of slots per environment; a sequence is an index window into
+    it (docs page, "Sequence replay without duplicated frames"). A window never crosses an episode: its positions
+    outside [lo, hi) are padding, lo < 0 where the episode began before the window, lo >= 0 (zero state) where the
+    window reaches back before the episode's start, so that its first steps are trained as often as the others."""
 
     def __init__(self, args: Args, obs_shape: tuple, obs_dtype):
         self.num_envs, self.steps = args.num_envs, args.buffer_size // args.num_envs
@@ -296,7 +288,7 @@ class SequenceReplay:
     def _new_windows(self, envs, starts, lo, h, c):
         ids = (self.next_seq + np.arange(len(envs))) % self.max_seqs
         self.next_seq += len(envs)
-        self.tree.update(ids, np.zeros(len(ids)))  # evicts the oldest sequences (FIFO)
+        self.tree.update(ids, 0.0)  # evicts the oldest sequences (FIFO)
         self.seq_env[ids], self.seq_start[ids], self.seq_lo[ids] = envs, starts, lo
         self.seq_h[ids], self.seq_c[ids] = h, c
         self.open = np.concatenate([self.open, ids])
@@ -310,7 +302,7 @@ class SequenceReplay:
         if t % self.period == 0:  # forget windows whose slots the ring is about to overwrite
             stale = self.seq_start - self.history <= t - self.steps + self.period
             stale_ids = np.flatnonzero(stale & (self.tree.leaves(np.arange(self.max_seqs)) > 0))
-            self.tree.update(stale_ids, np.zeros(len(stale_ids)))
+            self.tree.update(stale_ids, 0.0)
         # close windows that are full or whose episode ended with this step's final observation
         env, start = self.seq_env[self.open], self.seq_start[self.open]
         ended, full = is_reset_step[env], t - start + 1 >= self.window
@@ -319,7 +311,7 @@ class SequenceReplay:
         trained = ~ended | (hi - 2 >= self.burn_in)  # at least one trained step
         keep = self.open[close & trained]
         self.seq_hi[keep] = hi[close & trained]
-        self.tree.update(keep, np.full(len(keep), self.max_priority**self.prioritized_replay_alpha))
+        self.tree.update(keep, self.max_priority**self.prioritized_replay_alpha)
         self.open = self.open[~close]
         # open new windows: their trained steps start at the multiples of `period` of an episode
         first = np.flatnonzero(is_first)
@@ -327,11 +319,10 @@ class SequenceReplay:
         since_start = t - self.episode_start + self.burn_in
         regular = np.flatnonzero(~is_first & ~is_reset_step & (since_start % self.period == 0))
         self._new_windows(regular, np.full(len(regular), t), self.episode_start[regular] - t, h[regular], c[regular])
-        zeros = np.zeros((len(first), self.seq_h.shape[1]), dtype=np.float32)
         earliest = -((self.seq_len - 1) // self.period) * self.period  # the first trained span that reaches the episode
         for trained_start in range(earliest, self.burn_in + 1, self.period) if len(first) else []:  # reach back before it
             lo = np.full(len(first), self.burn_in - trained_start)
-            self._new_windows(first, t - lo, lo, zeros, zeros)
+            self._new_windows(first, t - lo, lo, 0.0, 0.0)  # zero state
         self.t += 1
 
     def sample(self, batch_size: int, rng: np.random.Generator, prioritized_replay_beta: float, device):
@@ -351,29 +342,19 @@ class SequenceReplay:
         env = self.seq_env[ids][None]
         slots = (self.seq_start[ids][None] + pos) % self.steps
         valid = (pos >= self.seq_lo[ids][None]) & (pos < self.seq_hi[ids][None])  # padding: another episode
-        frames = self.obs[env, slots]
-        frames = frames * valid.reshape(*valid.shape, *([1] * (frames.ndim - 2))).astype(frames.dtype)
+        frames = self.obs[env, slots] * valid.reshape(*valid.shape, *[1] * (self.obs.ndim - 2)).astype(self.obs.dtype)
         actions = np.where(valid, self.actions[env, slots].astype(np.int64), -1)
         rewards = np.where(valid, self.rewards[env, slots], 0.0).astype(np.float32)
         done = valid & (self.terminated[env, slots] | self.truncated[env, slots])
         now, before = slice(self.history, None), slice(self.history - 1, -1)
-        batch = dict(
-            obs=np.stack([frames[self.history - j : len(frames) - j] for j in reversed(range(self.frame_stack))], 2),
-            actions=actions[now],
-            rewards=rewards[now],
-            last_action=actions[before],
-            last_reward=rewards[before],
-            terminated=valid[now] & self.terminated[env, slots[now]],
-            done=done[now],
-            valid=valid[now],
-            is_reset_step=done[before],
-            is_first=valid[now] & ~valid[before],
-            h=self.seq_h[ids],
-            c=self.seq_c[ids],
-        )
-        batch = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
-        batch["last_reward"] = batch["last_reward"].clamp(-1, 1)  # as the actor sees it
-        return batch
+        batch = {
+            **dict(obs=np.stack([frames[self.history - j : len(frames) - j] for j in reversed(range(self.frame_stack))], 2)),
+            **dict(actions=actions[now], rewards=rewards[now], h=self.seq_h[ids], c=self.seq_c[ids]),
+            **dict(terminated=valid[now] & self.terminated[env, slots[now]], done=done[now], valid=valid[now]),
+            **dict(is_first=valid[now] & ~valid[before], is_reset_step=done[before], last_action=actions[before]),
+            **dict(last_reward=np.clip(rewards[before], -1, 1)),  # clipped, as the actor sees it
+        }
+        return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
 
     def update_priorities(self, ids: np.ndarray, priorities: np.ndarray) -> None:
         self.max_priority = max(self.max_priority, float(priorities.max()))
@@ -381,8 +362,7 @@ class SequenceReplay:
 
 
 def replay_memory_bytes(args: Args, obs_shape: tuple, obs_dtype) -> int:
-    """Bytes that SequenceReplay allocates for these flags: the step streams and the per-sequence records with
-    their sum tree (computed from the flags, before anything is allocated)."""
+    """Bytes that SequenceReplay allocates for these flags (the step streams, the sequence records and their tree)."""
     steps, window = args.buffer_size // args.num_envs, args.burn_in + args.seq_len + args.n_step
     per_step = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 1 + 4 + 1 + 1  # obs, action, reward, flags
     max_seqs = max_sequences(args.buffer_size, args.num_envs, args.sequence_period, window)
@@ -495,9 +475,7 @@ def to_step_inputs(obs, last_action, last_reward, is_first, device):
 def main(args: Args) -> list[float]:
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
-    args, checkpoint = command_line.resume(
-        args, __file__, CHECKPOINT_FORMAT
-    )  # a resumed run goes on with the checkpoint's flags
+    args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
     args = flag_checks.whole_iterations(args)
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
@@ -539,11 +517,10 @@ def main(args: Args) -> list[float]:
             saved = run.restore(checkpoint_state())
             update_credit, updates, learn_from = saved["update_credit"], saved["updates"], saved["learn_from"]
             envs, obs = run.fast_forward(envs, action_log[: global_step // num_envs], obs, stats)
-            if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
-                is_reset_step[:] = True
-                stats.drop_games_in_progress()
-                # the cut is a time-out (targets bootstrap from obs); its reset step starts no episode
-                rb.truncated[:, (rb.t - 1) % rb.steps], is_first[:] = True, False
+            if args.resume_fresh_envs:  # new games: every env's next step is a reset step, which starts no episode
+                is_reset_step[:], is_first[:] = True, False
+                stats.drop_games_in_progress()  # the partial scores
+                rb.truncated[:, (rb.t - 1) % rb.steps] = True  # the cut is a time-out: targets bootstrap from obs
             if not rb.save_arrays:  # the replay starts empty: collect again before learning
                 learn_from = checkpoint["global_step"] + args.learning_starts
                 run.note_empty_replay(learn_from)
@@ -555,7 +532,8 @@ def main(args: Args) -> list[float]:
             last_action, last_reward = np.where(is_first, -1, last_action), np.where(is_first, 0, last_reward)
             decay = min(global_step / max(args.exploration_fraction * args.total_timesteps, 1), 1.0)
             epsilons = actor_epsilons(num_envs, args.start_e + decay * (args.end_e - args.start_e), args.epsilon_alpha)
-            stack = push_frame(stack, obs[:, -1], is_first)
+            frame = obs[:, -1]  # (N, 84, 84): envpool's stack of one frame
+            stack = push_frame(stack, frame, is_first)
             with torch.no_grad():
                 q, (next_h, next_c) = q_network(*to_step_inputs(stack, last_action, last_reward, is_first, device), (h, c))
             explore = rng.random(num_envs) < epsilons
@@ -563,9 +541,7 @@ def main(args: Args) -> list[float]:
             next_obs, reward, terminated, truncated, info = envs.step(actions)
             terminated = environments.terminated_at_step_cap(terminated, truncated, info)  # a game over on the capped step
             action_log[iteration] = actions
-            rb.add(
-                obs[:, -1], actions, reward, terminated, truncated, is_first, is_reset_step, h.cpu().numpy(), c.cpu().numpy()
-            )
+            rb.add(frame, actions, reward, terminated, truncated, is_first, is_reset_step, h.cpu().numpy(), c.cpu().numpy())
             game_over = info["terminated"].astype(bool) | truncated  # true game score: raw rewards, all lives
             stats.update(info["reward"], is_reset_step, game_over, run.writer, global_step)
             obs, h, c = next_obs, next_h, next_c
