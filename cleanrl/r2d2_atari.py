@@ -402,7 +402,7 @@ def sequence_td_errors(q_network, target_network, batch, burn_in: int, seq_len: 
     inputs = [batch[k] for k in ("obs", "last_action", "last_reward", "is_first")]
     state = (batch["h"], batch["c"])
     with torch.no_grad():
-        _, burned_in = q_network(*[x[:burn_in] for x in inputs], state)
+        _, burned_in = q_network(*[x[:burn_in] for x in inputs], state) if burn_in else (None, state)
         target_q, _ = target_network(*inputs, state)
     q, _ = q_network(*[x[burn_in:] for x in inputs], burned_in)  # positions burn_in .. burn_in + seq_len + n_step - 1
     steps, end = seq_len, burn_in + seq_len
