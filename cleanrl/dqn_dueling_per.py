@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
 
-CHECKPOINT_FORMAT = 2  # the shared checkpoint layout: the state under one "state" entry, the buffer under "rb"
+# The layout of checkpoint.pt, which a resume checks; 2: the state under one "state" entry, the buffer under "rb"
+CHECKPOINT_FORMAT = 2
 
 
 @dataclass

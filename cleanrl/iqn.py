@@ -23,7 +23,8 @@ import torch.nn as nn
 
 from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
 
-CHECKPOINT_FORMAT = 2  # the layout of checkpoint.pt: a resume refuses files of another format
+# The layout of checkpoint.pt, which a resume checks.
+CHECKPOINT_FORMAT = 2
 
 
 @dataclass

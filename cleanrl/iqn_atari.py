@@ -23,6 +23,9 @@ import torch.nn as nn
 
 from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, training_run
 
+# The layout of checkpoint.pt, which a resume checks.
+CHECKPOINT_FORMAT = 2
+
 
 @dataclass
 class Args:
@@ -361,9 +364,6 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
         is_reset_step = terminated | truncated  # the next step only resets (NEXT_STEP autoreset)
     envs.close()
     return stats.scores
-
-
-CHECKPOINT_FORMAT = 2  # the layout of checkpoint.pt: a resume refuses files of another format
 
 
 def main(args: Args) -> list[float]:

@@ -24,6 +24,9 @@ import torch.nn as nn
 from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
 from cleanrl_q_utils.flat_radam import RAdam, flatten_parameters
 
+# The layout of checkpoint.pt, which a resume checks; 3: the state `main` lists in `checkpoint_state`
+CHECKPOINT_FORMAT = 3
+
 
 @dataclass
 class Args:
@@ -236,9 +239,6 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
         is_reset_step = terminated | truncated  # the next step only resets (NEXT_STEP autoreset)
     envs.close()
     return stats.scores
-
-
-CHECKPOINT_FORMAT = 3  # 3: the state `main` lists in `checkpoint_state`
 
 
 def main(args: Args) -> list[float]:

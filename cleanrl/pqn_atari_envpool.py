@@ -25,6 +25,9 @@ import torch.optim as optim
 
 from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, training_run
 
+# The layout of checkpoint.pt, which a resume checks; 2: the state `main` lists in `checkpoint_state`
+CHECKPOINT_FORMAT = 2
+
 
 @dataclass
 class Args:
@@ -242,9 +245,6 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
         is_reset_step = terminated | truncated  # the next step only resets (NEXT_STEP autoreset)
     envs.close()
     return stats.scores
-
-
-CHECKPOINT_FORMAT = 2  # 2: the state `main` lists in `checkpoint_state`
 
 
 def main(args: Args) -> list[float]:

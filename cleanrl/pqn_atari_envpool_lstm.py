@@ -27,6 +27,9 @@ import torch.optim as optim
 
 from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, training_run
 
+# The layout of checkpoint.pt, which a resume checks; 2: the state `main` lists in `checkpoint_state`
+CHECKPOINT_FORMAT = 2
+
 
 @dataclass
 class Args:
@@ -282,9 +285,6 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
         is_first, is_reset_step, lives = is_reset_step | life_lost, terminated | truncated, info["lives"]
     envs.close()
     return stats.scores
-
-
-CHECKPOINT_FORMAT = 2  # 2: the state `main` lists in `checkpoint_state`
 
 
 def main(args: Args) -> list[float]:

@@ -23,7 +23,9 @@ import torch.nn as nn
 
 from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, training_run
 
-CHECKPOINT_FORMAT = 3  # 3: the burn-in is a prefix before seq_len trained steps; --sequence-period
+# The layout of checkpoint.pt, which a resume checks; 3: the burn-in is a prefix before --seq-len trained steps,
+# and --sequence-period sets how often a sequence starts
+CHECKPOINT_FORMAT = 3
 
 
 @dataclass
@@ -505,13 +507,12 @@ def main(args: Args) -> list[float]:
         global_step = checkpoint["global_step"] if checkpoint else 0  # sets the log's length in checkpoint_state
         action_log = np.zeros((num_iterations, num_envs), dtype=np.min_scalar_type(num_actions - 1))
 
-        def checkpoint_state():  # the learner, the actors, the counters
-            return {
-                **dict(q_network=q_network, target_network=target_network, optimizer=optimizer, rb=rb, rng=rng),
-                **dict(obs=obs, h=h, c=c, is_first=is_first, is_reset_step=is_reset_step, last_action=last_action),
-                **dict(last_reward=last_reward, stack=stack, stats=stats, action_log=action_log[: global_step // num_envs]),
-                **dict(update_credit=update_credit, updates=updates, learn_from=learn_from),
-            }
+        def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
+            learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
+            actors = dict(obs=obs, h=h, c=c, is_first=is_first, is_reset_step=is_reset_step, last_action=last_action)
+            actors |= dict(last_reward=last_reward, stack=stack)
+            logs = dict(stats=stats, action_log=action_log[:iterations_done])
+            return learner | actors | logs | dict(rb=rb, rng=rng, update_credit=update_credit, learn_from=learn_from)
 
         if checkpoint is not None:
             saved = run.restore(checkpoint_state())
@@ -574,7 +575,9 @@ def main(args: Args) -> list[float]:
                     run.writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
                     run.writer.add_scalar("charts/SPS", progress.sps(global_step), global_step)
             progress.print(global_step, stats.recent, updates=updates)
-            if run.checkpoint_or_stop(global_step, num_envs, iteration + 1 == num_iterations, checkpoint_state):
+            if run.checkpoint_or_stop(
+                global_step, num_envs, iteration + 1 == num_iterations, lambda: checkpoint_state(iteration + 1)
+            ):
                 break
 
         if args.save_model and not run.stopped:

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
 from cleanrl_q_utils.lstm_unroll import segment_bounds, unroll_lstm, unroll_lstm_merged
 
-CHECKPOINT_FORMAT = 3  # 3: replay windows with the burn-in before them; the IQN-before-LSTM layer
+# The layout of checkpoint.pt, which a resume checks; 3: replay windows with the burn-in before them; the IQN-before-LSTM layer
+CHECKPOINT_FORMAT = 3
 
 
 @dataclass
