@@ -131,9 +131,8 @@ def validate_args(args: Args) -> None:
             ("buffer_size", args.buffer_size, args.buffer_size >= minimum, at_least),
             ("learning_starts", args.learning_starts, args.learning_starts >= minimum, at_least),
             ("train_frequency", args.train_frequency, args.train_frequency % args.num_envs == 0, multiple),
-            # `linear_schedule` divides by the decay's length, and evaluation builds one environment per episode.
+            # `linear_schedule` divides by the decay's length.
             ("exploration_fraction", args.exploration_fraction, args.exploration_fraction > 0, "must be in (0, 1]"),
-            ("eval_episodes", args.eval_episodes, args.eval_episodes >= 1, "must be >= 1"),
         ]
     )
     obs_shape = flag_checks.check_env_id(args.env_id).observation_space.shape

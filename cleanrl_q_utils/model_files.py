@@ -86,7 +86,7 @@ def evaluate_only(given, script: str, validate: Callable, evaluate: Callable) ->
     print(f"{name}: evaluating {args.model_path} on {args.env_id}, device {describe_device(device, args.cuda)}")
     # No run folder: an evaluation leaves nothing in the model's run folder, whose run may be going on.
     video_folder = f"videos/{os.path.basename(os.path.dirname(os.path.abspath(args.model_path)))}-eval-{int(time.time())}"
-    scores = evaluate(args.model_path, args, device, video_folder)
+    scores = evaluate(args.model_path, args, device, video_folder) if args.eval_episodes else []  # 0: envpool builds none
     print(evaluation_line(args.model_path, scores))
     if args.capture_video:
         print(f"videos in {video_folder}")

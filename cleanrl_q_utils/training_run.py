@@ -145,7 +145,8 @@ class Run:
                 f"error: writing the model file {path} failed ({error}); last good checkpoint: {last}"
             )
         print(f"model saved to {path}")
-        self.eval_scores = evaluate(path, self.args, device, f"{self.dir}/videos")  # with --capture-video
+        # --eval-episodes 0 plays none: no envs are built for it (envpool refuses 0 of them)
+        self.eval_scores = evaluate(path, self.args, device, f"{self.dir}/videos") if self.args.eval_episodes else []
         for episode, score in enumerate(self.eval_scores):
             self.writer.add_scalar("eval/episodic_return", score, episode)
         print(model_files.evaluation_line(path, self.eval_scores))

@@ -258,3 +258,13 @@ def test_videos_of_a_training_run_are_written_inside_its_run_folder(capsys):
     (run_dir,) = glob.glob("runs/*")
     assert glob.glob(f"{run_dir}/videos/*.mp4") and os.listdir(".") == ["runs"]  # nothing outside the run folder
     assert f"videos in {run_dir}/videos" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["pqn", "pqn_atari_envpool", "dqn_dueling_per", "r2d2", "r2d2_atari"])
+def test_save_model_with_no_evaluation_episodes_saves_and_plays_none(name, monkeypatch, tmp_path, capsys):
+    """--eval-episodes 0 (allowed for every script): the model is written, no evaluation envs are built."""
+    monkeypatch.chdir(tmp_path)
+    module = importlib.import_module(f"cleanrl.{name}")
+    module.main(module.Args(**TINY[name], save_model=True, eval_episodes=0))
+    out = capsys.readouterr().out
+    assert glob.glob(f"runs/*/{name}.cleanrl_model") and "no episodes played (--eval-episodes 0)" in out
