@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers import import_script
 from tiny import SHORT, tiny
 
 from cleanrl_q_utils import episode_scores
@@ -62,7 +63,7 @@ def test_few_long_updates_are_timed_apart_from_acting(monkeypatch, capsys):
 
 
 def test_a_run_starts_with_its_setting_and_ends_with_a_summary(capsys):
-    pqn = importlib.import_module("cleanrl.pqn")
+    pqn = import_script("pqn")
     scores = pqn.main(pqn.Args(**tiny("pqn", short=True)))
     out = capsys.readouterr().out
     first, run_dir = out.splitlines()[0], glob.glob("runs/*")[0]
@@ -90,7 +91,7 @@ def test_classic_control_runs_do_not_warn_about_box_precision():
 
 
 def test_resume_without_the_replay_says_so_and_counts_the_replayed_agent_steps(capsys):
-    iqn = importlib.import_module("cleanrl.iqn")
+    iqn = import_script("iqn")
     iqn.main(iqn.Args(**tiny("iqn", short=True, total_timesteps=400, checkpoint_every=400)))
     (path,) = glob.glob("runs/*/checkpoint.pt")
     capsys.readouterr()
@@ -102,7 +103,7 @@ def test_resume_without_the_replay_says_so_and_counts_the_replayed_agent_steps(c
 
 
 def test_capture_video_checks_its_packages_before_training_and_warns_when_nothing_is_recorded(monkeypatch, capsys):
-    iqn = importlib.import_module("cleanrl.iqn")
+    iqn = import_script("iqn")
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "moviepy" else real_find_spec(name))
     with pytest.raises(
@@ -122,7 +123,7 @@ def test_capture_video_checks_its_packages_before_training_and_warns_when_nothin
 
 @pytest.mark.parametrize("name", sorted(SHORT))
 def test_every_script_evaluates_a_saved_model_later_from_the_command_line(name, capsys):
-    script = importlib.import_module(f"cleanrl.{name}")
+    script = import_script(name)
     # R2D2 has no life-loss resets, so an untrained agent that never serves plays Breakout to the 27,000-step cap.
     env = {"env_id": "Pong-v5" if name == "r2d2_atari" else "Breakout-v5"} if name in ATARI else {}
     script.main(script.Args(**tiny(name, short=True), **env, save_model=True, eval_episodes=1))
@@ -144,7 +145,7 @@ def test_every_script_evaluates_a_saved_model_later_from_the_command_line(name, 
 
 
 def test_eval_only_refuses_what_it_cannot_evaluate(tmp_path, capsys):
-    iqn, pqn = importlib.import_module("cleanrl.iqn"), importlib.import_module("cleanrl.pqn")
+    iqn, pqn = import_script("iqn"), import_script("pqn")
     with pytest.raises(SystemExit, match="^error: --eval-only=True: needs --model-path PATH"):
         iqn.main(iqn.Args(eval_only=True))
     with pytest.raises(SystemExit, match="^error: --model-path=nowhere.pt: is only read with --eval-only"):
@@ -168,7 +169,7 @@ def test_eval_only_refuses_what_it_cannot_evaluate(tmp_path, capsys):
 def test_capture_video_records_the_evaluation_of_a_saved_model(capsys):
     pytest.importorskip("moviepy")
     pytest.importorskip("pygame")
-    iqn = importlib.import_module("cleanrl.iqn")
+    iqn = import_script("iqn")
     iqn.main(iqn.Args(**tiny("iqn", short=True), save_model=True, eval_episodes=1))
     (model_path,) = glob.glob("runs/*/iqn.cleanrl_model")
     iqn.main(iqn.Args(eval_only=True, model_path=model_path, eval_episodes=2, capture_video=True))
@@ -179,7 +180,7 @@ def test_capture_video_records_the_evaluation_of_a_saved_model(capsys):
 def test_videos_of_a_training_run_are_written_inside_its_run_folder(capsys):
     pytest.importorskip("moviepy", reason="the video extra (pip install -e '.[video]')")
     pytest.importorskip("pygame", reason="the video extra (pip install -e '.[video]')")
-    pqn = importlib.import_module("cleanrl.pqn")
+    pqn = import_script("pqn")
     flags = dict(total_timesteps=256, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, eval_episodes=1)
     pqn.main(pqn.Args(**flags, save_model=True, capture_video=True))
     (run_dir,) = glob.glob("runs/*")
