@@ -1,7 +1,6 @@
 """Short real training runs of cleanrl/pqn.py, for the tests of the benchmark tools: their console output and run
 folders are what the tools read in use, so a change of either shows up in these tests."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -9,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO, import_file
+
 # A few seconds per run on one CPU core: 8192 steps in 64 updates of 8 envs x 16 steps.
 SHORT_PQN = [
     "--total-timesteps", "8192", "--num-envs", "8", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1",
@@ -18,11 +18,7 @@ SHORT_PQN = [
 
 def load_benchmark_module(name: str):
     """Imports benchmark/<name>.py (a directory of scripts, not a package) as `benchmark_<name>`."""
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", REPO / "benchmark" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+    return import_file(REPO / "benchmark" / f"{name}.py", f"benchmark_{name}")
 
 
 def script_env() -> dict:

@@ -13,27 +13,7 @@ from cleanrl.dqn_dueling_per import Args, NStepWindow, PrioritizedReplayBuffer, 
 from cleanrl_q_utils.checkpoint_files import content_digest, read_checkpoint, to_safe
 
 from interrupts import interrupt_at_step, run_until_stopped
-
-SMALL = dict(
-    total_timesteps=2000,
-    num_envs=4,
-    hidden_size=16,
-    buffer_size=1000,
-    batch_size=32,
-    learning_starts=200,
-    train_frequency=4,
-    target_network_frequency=100,
-)
-TINY_ATARI = dict(
-    env_id="Breakout-v5",
-    total_timesteps=96,
-    num_envs=2,
-    buffer_size=64,
-    batch_size=4,
-    learning_starts=16,
-    train_frequency=2,
-    target_network_frequency=16,
-)
+from tiny import tiny
 
 
 def only_checkpoint():
@@ -42,17 +22,13 @@ def only_checkpoint():
     return paths[0]
 
 
-def load(path):
-    return read_checkpoint(path)
-
-
 def test_sigint_writes_a_checkpoint_and_stops(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     interrupt_at_step(monkeypatch, script, 50)
     handler_before = signal.getsignal(signal.SIGINT)
-    run_until_stopped(main, Args(**SMALL, save_model=True))
+    run_until_stopped(main, Args(**tiny("dqn_dueling_per"), save_model=True))
     assert signal.getsignal(signal.SIGINT) is handler_before
-    checkpoint = load(only_checkpoint())
+    checkpoint = read_checkpoint(only_checkpoint())
     state = checkpoint["state"]
     assert checkpoint["global_step"] == 50 * 4 and state["iteration"] == 50
     assert len(state["stats"]["scores"]) > 0  # the games finished before the stop
@@ -63,20 +39,20 @@ def test_sigint_writes_a_checkpoint_and_stops(tmp_path, monkeypatch):
 
 
 def test_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
-    args = dict(SMALL, checkpoint_replay=True, checkpoint_every=1000)
+    args = tiny("dqn_dueling_per", checkpoint_replay=True, checkpoint_every=1000)
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
     scores_a = main(Args(**args))
-    final_a = load(only_checkpoint())
+    final_a = read_checkpoint(only_checkpoint())
 
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, script, 240)  # step 960: between two periodic checkpoints
         run_until_stopped(main, Args(**args))
     path = only_checkpoint()
-    assert load(path)["global_step"] == 960
+    assert read_checkpoint(path)["global_step"] == 960
     scores_b = main(Args(resume=path, checkpoint_every=1000))
-    final_b = load(path)
+    final_b = read_checkpoint(path)
 
     assert final_b["global_step"] == final_a["global_step"] == 2000
     final_a, final_b = final_a["state"], final_b["state"]
@@ -92,7 +68,7 @@ def test_resume_without_replay_refills_the_buffer_and_finishes(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, script, 100)
-        run_until_stopped(main, Args(**SMALL))
+        run_until_stopped(main, Args(**tiny("dqn_dueling_per")))
     path = only_checkpoint()
     loss, updates = script.weighted_huber_loss, []
     monkeypatch.setattr(script, "weighted_huber_loss", lambda *a: updates.append(1) or loss(*a))
@@ -103,7 +79,7 @@ def test_resume_without_replay_refills_the_buffer_and_finishes(tmp_path, monkeyp
     assert len(updates) == (2000 - 600) // 4
     out = capsys.readouterr().out
     assert "replaying 400 logged agent steps (100 steps of 4 envs)" in out
-    final = load(path)
+    final = read_checkpoint(path)
     assert final["global_step"] == 2000 and final["args"]["gamma"] == 0.99
     assert len(scores) == len(final["state"]["stats"]["scores"]) > 0
 
@@ -112,10 +88,10 @@ def test_resume_without_replay_refills_the_buffer_and_finishes(tmp_path, monkeyp
 def test_unreadable_checkpoint_is_refused(tmp_path, monkeypatch, damage):
     monkeypatch.chdir(tmp_path)
     interrupt_at_step(monkeypatch, script, 10)
-    run_until_stopped(main, Args(**SMALL, checkpoint_replay=True))
+    run_until_stopped(main, Args(**tiny("dqn_dueling_per"), checkpoint_replay=True))
     path = only_checkpoint()
     if damage == "old_format":
-        torch.save(to_safe(dict(load(path), format=1)), path)
+        torch.save(to_safe(dict(read_checkpoint(path), format=1)), path)
     else:
         data = open(path, "rb").read()
         with open(path, "wb") as f:
@@ -127,9 +103,9 @@ def test_unreadable_checkpoint_is_refused(tmp_path, monkeypatch, damage):
 def test_diverged_environment_replay_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     interrupt_at_step(monkeypatch, script, 30)
-    run_until_stopped(main, Args(**SMALL))
+    run_until_stopped(main, Args(**tiny("dqn_dueling_per")))
     path = only_checkpoint()
-    checkpoint = load(path)
+    checkpoint = read_checkpoint(path)
     checkpoint["state"]["action_log"][5] = 1 - checkpoint["state"]["action_log"][5]  # a different past
     checkpoint["digest"] = content_digest({key: value for key, value in checkpoint.items() if key != "digest"})
     torch.save(to_safe(checkpoint), path)
@@ -157,10 +133,10 @@ def test_nan_loss_stops_the_run_without_a_broken_checkpoint(tmp_path, monkeypatc
     monkeypatch.setattr(script, "weighted_huber_loss", nan_on_third_call)
     # One update per iteration of 4 steps after step 200: the third one is at step 212.
     with pytest.raises(SystemExit, match=f"non-finite loss or Q-values at step 212; last good checkpoint: {last_good}"):
-        main(Args(**SMALL, checkpoint_every=checkpoint_every))
+        main(Args(**tiny("dqn_dueling_per"), checkpoint_every=checkpoint_every))
     written = glob.glob("runs/*/checkpoint.pt")
     if checkpoint_every:
-        assert load(written[0])["global_step"] == 200  # the one before the NaN, not a broken one
+        assert read_checkpoint(written[0])["global_step"] == 200  # the one before the NaN, not a broken one
     else:
         assert not written
 
@@ -200,32 +176,35 @@ def test_oversized_buffer_is_refused_before_envs_are_built(monkeypatch, env_id):
 def test_seeded_runs_are_reproducible(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
-    first = main(Args(**SMALL))
+    first = main(Args(**tiny("dqn_dueling_per")))
     monkeypatch.chdir(tmp_path / "b")
-    assert main(Args(**SMALL)) == first and len(first) > 10
+    assert main(Args(**tiny("dqn_dueling_per"))) == first and len(first) > 10
 
 
 def test_atari_sigint_checkpoint_and_resume_smoke(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    # Breakout with a replay of 64 frames from 2 envs, learning from step 16 (the CNN's sizes are fixed).
+    flags = tiny("dqn_dueling_per", env_id="Breakout-v5", total_timesteps=96, num_envs=2, buffer_size=64, batch_size=4,
+                 learning_starts=16, train_frequency=2, target_network_frequency=16, hidden_size=Args.hidden_size)  # fmt: skip
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, script, 20)
-        run_until_stopped(main, Args(**TINY_ATARI, checkpoint_replay=True))
+        run_until_stopped(main, Args(**flags, checkpoint_replay=True))
     path = only_checkpoint()
-    checkpoint = load(path)
+    checkpoint = read_checkpoint(path)
     assert checkpoint["global_step"] == 40
     state = checkpoint["state"]
     assert state["obs"].shape == (2, 4, 84, 84) and state["obs"].dtype == np.uint8
     assert state["rb"]["obs"].dtype == torch.uint8 and state["rb"]["size"] > 0
     main(Args(resume=path, checkpoint_every=48))
-    assert load(path)["global_step"] == 96
+    assert read_checkpoint(path)["global_step"] == 96
 
 
 def test_tracked_resume_continues_the_same_wandb_run(offline_wandb, monkeypatch):
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, script, 20)
-        run_until_stopped(main, Args(**dict(SMALL, total_timesteps=400), track=True))
+        run_until_stopped(main, Args(**tiny("dqn_dueling_per", total_timesteps=400), track=True))
     path = only_checkpoint()
-    saved_id = load(path)["wandb_id"]
+    saved_id = read_checkpoint(path)["wandb_id"]
     assert saved_id is not None
     main(Args(resume=path, track=True, checkpoint_every=100))
-    assert load(path)["wandb_id"] == saved_id and load(path)["global_step"] == 400
+    assert read_checkpoint(path)["wandb_id"] == saved_id and read_checkpoint(path)["global_step"] == 400

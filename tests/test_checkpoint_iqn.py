@@ -10,23 +10,12 @@ from cleanrl import iqn, iqn_atari
 from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
 from interrupts import interrupt_at_step, run_until_stopped
-
-# CartPole with small nets: learning starts at step 200, one update per iteration of the 4 environments.
-SMALL = dict(total_timesteps=2000, num_envs=4, learning_starts=200, buffer_size=2000, batch_size=32,
-             hidden_size=16, quantile_embedding_dim=16, num_quantile_samples=8, target_network_frequency=100,
-             exploration_fraction=0.5, cuda=False)  # fmt: skip
-ATARI_TINY = dict(total_timesteps=240, num_envs=2, learning_starts=160, buffer_size=400, batch_size=4,
-                  num_tau_samples=8, num_tau_prime_samples=8, num_quantile_samples=8, hidden_size=32,
-                  target_network_frequency=40, exploration_fraction=0.4, eval_episodes=0, cuda=False)  # fmt: skip
+from tiny import tiny
 
 
 def checkpoint_path(root):
     (run_dir,) = (root / "runs").iterdir()
     return run_dir / "checkpoint.pt"
-
-
-def load(path):
-    return read_checkpoint(path)
 
 
 def tb_scalars(root):
@@ -44,33 +33,33 @@ def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
     previous = signal.getsignal(signal.SIGINT)
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn, 50)
-        run_until_stopped(iqn.main, iqn.Args(**SMALL, save_model=True))
+        run_until_stopped(iqn.main, iqn.Args(**tiny("iqn"), save_model=True))
     assert signal.getsignal(signal.SIGINT) is previous  # the handlers are given back
     path = checkpoint_path(tmp_path)
     assert not path.with_suffix(".pt.tmp").exists()
     assert not (path.parent / "iqn.cleanrl_model").exists()  # an interrupted run is not saved as a model
-    ckpt, state = load(path), load(path)["state"]
+    ckpt, state = read_checkpoint(path), read_checkpoint(path)["state"]
     assert ckpt["global_step"] == 200 and state["iteration"] == 50  # stopped after the step that got the signal
     assert state["action_log"].shape == (50, 4) and state["action_log"].dtype == np.uint8
     assert "rb" not in state and len(state["stats"]["scores"]) > 0  # the games finished before the stop
 
 
 def test_resume_is_bitwise_exact(tmp_path, monkeypatch):
-    flags = dict(SMALL, checkpoint_every=1000, checkpoint_replay=True)
+    flags = tiny("iqn", checkpoint_every=1000, checkpoint_replay=True)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
     scores_a = iqn.main(iqn.Args(**flags))
-    final_a = load(checkpoint_path(tmp_path / "a"))
+    final_a = read_checkpoint(checkpoint_path(tmp_path / "a"))
 
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn, 240)
         run_until_stopped(iqn.main, iqn.Args(**flags))
     path = checkpoint_path(tmp_path / "b")
-    assert load(path)["global_step"] == 960  # interrupted before the periodic checkpoint at step 1000
+    assert read_checkpoint(path)["global_step"] == 960  # interrupted before the periodic checkpoint at step 1000
     scores_b = iqn.main(iqn.Args(resume=str(path), checkpoint_every=1000, cuda=False))
-    final_b = load(path)
+    final_b = read_checkpoint(path)
 
     assert final_a["global_step"] == final_b["global_step"] == 2000
     state_a, state_b = final_a["state"], final_b["state"]
@@ -89,11 +78,11 @@ def test_resume_without_replay_refills_the_buffer(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn, 100)  # step 400: learning has started, the buffer is not stored
-        run_until_stopped(iqn.main, iqn.Args(**dict(SMALL, total_timesteps=1000)))
+        run_until_stopped(iqn.main, iqn.Args(**tiny("iqn", total_timesteps=1000)))
     path = checkpoint_path(tmp_path)
-    updates_before = load(path)["state"]["updates"]
+    updates_before = read_checkpoint(path)["state"]["updates"]
     scores = iqn.main(iqn.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
-    final = load(path)
+    final = read_checkpoint(path)
     assert final["global_step"] == 1000 and scores == final["state"]["stats"]["scores"]
     # Steps 404..600 refill the empty buffer (learning_starts = 200 more steps), then one update per iteration.
     assert final["state"]["updates"] == updates_before + (1000 - 600) // 4
@@ -101,7 +90,7 @@ def test_resume_without_replay_refills_the_buffer(tmp_path, monkeypatch):
 
 def test_seeded_runs_are_reproducible(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    flags = dict(SMALL, total_timesteps=1000)
+    flags = tiny("iqn", total_timesteps=1000)
     assert iqn.main(iqn.Args(**flags)) == iqn.main(iqn.Args(**flags))
 
 
@@ -112,7 +101,7 @@ def test_unreadable_checkpoint_is_refused(damage, tmp_path, monkeypatch):
     if damage == "truncated":
         with monkeypatch.context() as m:
             interrupt_at_step(m, iqn, 3)
-            run_until_stopped(iqn.main, iqn.Args(**SMALL))
+            run_until_stopped(iqn.main, iqn.Args(**tiny("iqn")))
         data = checkpoint_path(tmp_path).read_bytes()
         path.write_bytes(data[: len(data) // 2])
     elif damage == "garbage":
@@ -142,13 +131,13 @@ def test_nan_loss_stops_without_checkpointing_the_broken_network(tmp_path, monke
     monkeypatch.setattr(iqn, "quantile_huber_loss", nan_on_third_call)
     # Updates at steps 204, 208, 212: the third one is poisoned; the last checkpoint is the one of step 200.
     with pytest.raises(SystemExit, match=r"non-finite loss or Q-values at step 212; last good checkpoint: runs/.*pt"):
-        iqn.main(iqn.Args(**SMALL, checkpoint_every=100))
-    ckpt = load(checkpoint_path(tmp_path))
+        iqn.main(iqn.Args(**tiny("iqn"), checkpoint_every=100))
+    ckpt = read_checkpoint(checkpoint_path(tmp_path))
     assert ckpt["global_step"] == 200
     assert all(torch.isfinite(v).all() for v in ckpt["state"]["q_network"].values())
     calls.clear()
     with pytest.raises(SystemExit, match="at step 212; last good checkpoint: none written"):
-        iqn.main(iqn.Args(**SMALL))
+        iqn.main(iqn.Args(**tiny("iqn")))
 
 
 @pytest.mark.parametrize("module", [iqn, iqn_atari])
@@ -178,29 +167,29 @@ def test_atari_sigint_checkpoint_and_resume_without_replay(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn_atari, 90)  # step 180: after learning started
-        run_until_stopped(iqn_atari.main, iqn_atari.Args(**ATARI_TINY))
+        run_until_stopped(iqn_atari.main, iqn_atari.Args(**tiny("iqn_atari")))
     path = checkpoint_path(tmp_path)
-    ckpt = load(path)
+    ckpt = read_checkpoint(path)
     assert ckpt["global_step"] == 180 and ckpt["state"]["obs"].shape == (2, 4, 84, 84) and "rb" not in ckpt["state"]
     # The resume replays the 90 logged steps of Breakout and checks that it reaches the stored frames.
     scores = iqn_atari.main(iqn_atari.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
-    assert isinstance(scores, list) and load(path)["global_step"] == 240
+    assert isinstance(scores, list) and read_checkpoint(path)["global_step"] == 240
 
 
 def test_atari_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
-    flags = dict(ATARI_TINY, total_timesteps=200, checkpoint_every=10_000, checkpoint_replay=True)  # at the end only
+    flags = tiny("iqn_atari", total_timesteps=200, checkpoint_every=10_000, checkpoint_replay=True)  # at the end only
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
     scores_a = iqn_atari.main(iqn_atari.Args(**flags))
-    final_a = load(checkpoint_path(tmp_path / "a"))
+    final_a = read_checkpoint(checkpoint_path(tmp_path / "a"))
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn_atari, 85)  # step 170: between updates (learning starts after step 160)
         run_until_stopped(iqn_atari.main, iqn_atari.Args(**flags))
     path = checkpoint_path(tmp_path / "b")
     scores_b = iqn_atari.main(iqn_atari.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
-    state_a, state_b = final_a["state"], load(path)["state"]
+    state_a, state_b = final_a["state"], read_checkpoint(path)["state"]
     assert state_a["updates"] == state_b["updates"] > 0 and scores_a == scores_b
     for key, value in state_a["q_network"].items():
         assert torch.equal(value, state_b["q_network"][key]), key
@@ -223,12 +212,12 @@ def test_add_history_rebuilds_the_current_stack():
 
 
 def test_tracked_resume_continues_the_wandb_run(offline_wandb, monkeypatch):
-    flags = dict(SMALL, total_timesteps=400, track=True)
+    flags = tiny("iqn", total_timesteps=400, track=True)
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn, 50)
         run_until_stopped(iqn.main, iqn.Args(**flags))
     path = checkpoint_path(offline_wandb.parent)
-    run_id = load(path)["wandb_id"]
+    run_id = read_checkpoint(path)["wandb_id"]
     assert run_id is not None
     iqn.main(iqn.Args(resume=str(path), track=True, checkpoint_every=1000, cuda=False))
-    assert load(path)["wandb_id"] == run_id and load(path)["global_step"] == 400
+    assert read_checkpoint(path)["wandb_id"] == run_id and read_checkpoint(path)["global_step"] == 400

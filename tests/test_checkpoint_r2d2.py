@@ -11,50 +11,12 @@ from cleanrl import r2d2, r2d2_atari
 from cleanrl_q_utils.checkpoint_files import read_checkpoint, to_safe
 
 from interrupts import interrupt_at_step, run_until_stopped
-
-TINY = dict(
-    total_timesteps=2000,
-    num_envs=4,
-    learning_starts=300,
-    buffer_size=2000,
-    batch_size=8,
-    seq_len=6,
-    burn_in=4,
-    sequence_period=6,
-    n_step=3,
-    lstm_size=16,
-    replay_ratio=4.0,
-    target_network_frequency=5,
-    log_interval=5,
-    mask_velocity=True,
-    cuda=False,
-)
-TINY_ATARI = dict(
-    env_id="Pong-v5",
-    total_timesteps=320,
-    num_envs=2,
-    learning_starts=100,
-    buffer_size=2000,
-    batch_size=4,
-    seq_len=4,
-    burn_in=4,
-    sequence_period=4,
-    n_step=2,
-    lstm_size=32,
-    replay_ratio=1.0,
-    target_network_frequency=2,
-    log_interval=2,
-    cuda=False,
-)
+from tiny import tiny
 
 
 def only_checkpoint():
     (path,) = glob.glob("runs/*/checkpoint.pt")
     return path
-
-
-def load(path):
-    return read_checkpoint(path)
 
 
 def logged_scalars():
@@ -73,9 +35,9 @@ def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     interrupt_at_step(monkeypatch, r2d2, 100)
     previous = signal.getsignal(signal.SIGINT)
-    run_until_stopped(r2d2.main, r2d2.Args(**TINY))
+    run_until_stopped(r2d2.main, r2d2.Args(**tiny("r2d2")))
     assert signal.getsignal(signal.SIGINT) is previous  # handlers restored
-    checkpoint = load(only_checkpoint())
+    checkpoint = read_checkpoint(only_checkpoint())
     assert checkpoint["global_step"] == 100 * 4
     action_log = checkpoint["state"]["action_log"]
     assert action_log.shape == (100, 4) and action_log.dtype == np.uint8
@@ -84,21 +46,21 @@ def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
 
 
 def test_resumed_run_is_bitwise_identical(tmp_path, monkeypatch):
-    args = dict(TINY, checkpoint_replay=True, checkpoint_every=1000)
+    args = tiny("r2d2", checkpoint_replay=True, checkpoint_every=1000)
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
     scores_a = r2d2.main(r2d2.Args(**args))
-    final_a, logged_a = load(only_checkpoint()), logged_scalars()
+    final_a, logged_a = read_checkpoint(only_checkpoint()), logged_scalars()
 
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2, 237)  # step 948: learning has begun, the replay holds open windows
         run_until_stopped(r2d2.main, r2d2.Args(**args))
-    interrupted = load(only_checkpoint())
+    interrupted = read_checkpoint(only_checkpoint())
     assert interrupted["global_step"] == 948 and interrupted["state"]["updates"] > 0
     assert len(interrupted["state"]["rb"]["open"])
     scores_b = r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, cuda=False))
-    final_b = load(only_checkpoint())
+    final_b = read_checkpoint(only_checkpoint())
     assert logged_scalars() == logged_a and len(logged_a["losses/td_loss"]) > 10
 
     assert final_a["global_step"] == final_b["global_step"] == 2000
@@ -115,14 +77,14 @@ def test_resume_without_replay_collects_before_learning(tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2, 150)
-        run_until_stopped(r2d2.main, r2d2.Args(**TINY))
-    updates_at_stop = load(only_checkpoint())["state"]["updates"]
+        run_until_stopped(r2d2.main, r2d2.Args(**tiny("r2d2")))
+    updates_at_stop = read_checkpoint(only_checkpoint())["state"]["updates"]
     with pytest.raises(SystemExit, match=r"^error: --buffer-size=123: cannot change on resume"):
         r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, cuda=False, buffer_size=123))
     scores = r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, cuda=False))
     out = capsys.readouterr().out
     assert "replaying 600 logged agent steps (150 steps of 4 envs)" in out
-    final = load(only_checkpoint())
+    final = read_checkpoint(only_checkpoint())
     assert final["global_step"] == 2000 and final["state"]["learn_from"] == 600 + 300
     assert final["state"]["updates"] > updates_at_stop and all(np.isfinite(scores))
 
@@ -131,11 +93,11 @@ def test_unreadable_checkpoints_stop_with_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2, 20)
-        run_until_stopped(r2d2.main, r2d2.Args(**TINY))
+        run_until_stopped(r2d2.main, r2d2.Args(**tiny("r2d2")))
     data = open(only_checkpoint(), "rb").read()
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all" * 100)
-    state = load(only_checkpoint())
+    state = read_checkpoint(only_checkpoint())
     torch.save(to_safe(dict(state, format=1)), tmp_path / "old_format.pt")
     torch.save(to_safe(dict(state, args=dict(state["args"], frame_stack=4))), tmp_path / "other_script.pt")
     for path in ("truncated.pt", "garbage.pt", "missing.pt", "old_format.pt", "other_script.pt"):
@@ -156,7 +118,7 @@ def test_non_finite_loss_stops_the_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(r2d2, "sequence_td_errors", nan_on_third_call)
     with pytest.raises(SystemExit, match=r"non-finite .* at step \d+; last good checkpoint: none written"):
-        r2d2.main(r2d2.Args(**TINY))
+        r2d2.main(r2d2.Args(**tiny("r2d2")))
     assert not glob.glob("runs/*/checkpoint.pt")
 
 
@@ -177,7 +139,7 @@ def test_replay_memory_estimate_matches_the_allocation(module, obs_shape, dtype)
 
 
 def test_seeded_runs_are_reproducible(tmp_path, monkeypatch):
-    args = dict(TINY, total_timesteps=1200)
+    args = tiny("r2d2", total_timesteps=1200)
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
     first = r2d2.main(r2d2.Args(**args))
@@ -186,21 +148,21 @@ def test_seeded_runs_are_reproducible(tmp_path, monkeypatch):
 
 
 def test_atari_resumed_run_is_bitwise_identical(tmp_path, monkeypatch):
-    args = dict(TINY_ATARI, checkpoint_replay=True, checkpoint_every=10_000)
+    args = tiny("r2d2_atari", checkpoint_replay=True, checkpoint_every=10_000)
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
     r2d2_atari.main(r2d2_atari.Args(**args))
-    final_a, logged_a = load(only_checkpoint())["state"], logged_scalars()
+    final_a, logged_a = read_checkpoint(only_checkpoint())["state"], logged_scalars()
 
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2_atari, 80)
         run_until_stopped(r2d2_atari.main, r2d2_atari.Args(**args))
-    checkpoint = load(only_checkpoint())
+    checkpoint = read_checkpoint(only_checkpoint())
     assert checkpoint["global_step"] == 160 and checkpoint["state"]["updates"] > 0
     assert checkpoint["state"]["stack"].shape == (2, 4, 84, 84)
     r2d2_atari.main(r2d2_atari.Args(resume=only_checkpoint(), checkpoint_every=10_000, cuda=False))
-    final_b = load(only_checkpoint())["state"]
+    final_b = read_checkpoint(only_checkpoint())["state"]
 
     for name, weight in final_a["q_network"].items():
         assert torch.equal(weight, final_b["q_network"][name]), name
@@ -221,7 +183,7 @@ def test_tracked_run_resumes_its_wandb_run(offline_wandb, monkeypatch):
     monkeypatch.setattr(wandb, "init", recording_init)
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2, 20)
-        run_until_stopped(r2d2.main, r2d2.Args(**dict(TINY, total_timesteps=400), track=True))
-    saved_id = load(only_checkpoint())["wandb_id"]
+        run_until_stopped(r2d2.main, r2d2.Args(**tiny("r2d2", total_timesteps=400), track=True))
+    saved_id = read_checkpoint(only_checkpoint())["wandb_id"]
     r2d2.main(r2d2.Args(resume=only_checkpoint(), track=True, cuda=False))
     assert ids == [(None, saved_id), (saved_id, saved_id)]

@@ -15,32 +15,11 @@ from cleanrl import recurrent_iqn, recurrent_iqn_atari
 from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
 from interrupts import interrupt_at_step, run_until_stopped
-
-TINY = dict(
-    lstm_size=8,
-    hidden_size=8,
-    quantile_embedding_dim=6,
-    num_tau_samples=3,
-    num_tau_prime_samples=3,
-    num_quantile_samples=3,
-    cuda=False,
-    num_envs=4,
-    buffer_size=400,
-    seq_len=6,
-    batch_size=4,
-    learning_starts=160,
-    target_network_frequency=160,
-    log_interval=2,
-    burn_in=2,
-)
+from tiny import tiny
 
 
 def vector_args(**kw):
-    return recurrent_iqn.Args(**{**TINY, "total_timesteps": 2000, **kw})
-
-
-def load(path):
-    return read_checkpoint(path)
+    return recurrent_iqn.Args(**tiny("recurrent_iqn", **kw))
 
 
 def checkpoint_path():
@@ -54,7 +33,7 @@ def test_sigint_writes_checkpoint(tmp_path, monkeypatch):
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     run_until_stopped(recurrent_iqn.main, vector_args(save_model=True))
     (path,) = glob.glob("runs/*/checkpoint.pt")
-    checkpoint = load(path)
+    checkpoint = read_checkpoint(path)
     assert checkpoint["global_step"] == 50 * 4 and checkpoint["state"]["rb"] is None
     assert not glob.glob("runs/*/*.cleanrl_model")  # an interrupted run neither saves nor evaluates the model
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
@@ -68,13 +47,14 @@ def scalars(run_dir):
     return {tag: [(event.step, event.value) for event in accumulator.Scalars(tag)] for tag in tags}
 
 
-# (module, flags, the envs.step call the signal arrives at): every run learns before and after the interruption
+# (module, its flags over tiny(module), the envs.step call the signal arrives at): every run learns before and after
+# the interruption
 RESUMED_RUNS = {
     "uniform": (recurrent_iqn, dict(total_timesteps=1200, checkpoint_every=500), 150),
     "prioritized": (recurrent_iqn, dict(total_timesteps=1200, checkpoint_every=500, prioritized_replay=True), 150),
     "atari": (
         recurrent_iqn_atari,
-        dict(env_id="Breakout-v5", total_timesteps=400, max_episode_steps=80, checkpoint_every=400),
+        dict(env_id="Breakout-v5", checkpoint_every=400),
         45,
     ),
 }
@@ -83,7 +63,7 @@ RESUMED_RUNS = {
 @pytest.mark.parametrize("name", RESUMED_RUNS)
 def test_resumed_run_is_bitwise_the_uninterrupted_run(name, tmp_path, monkeypatch):
     module, options, interrupt_at = RESUMED_RUNS[name]
-    flags = dict(TINY, checkpoint_replay=True, **options)
+    flags = tiny(module, checkpoint_replay=True, **options)
     for run in "ab":  # separate run directories: two runs can start within the same second
         (tmp_path / run).mkdir()
     monkeypatch.chdir(tmp_path / "a")
@@ -94,13 +74,13 @@ def test_resumed_run_is_bitwise_the_uninterrupted_run(name, tmp_path, monkeypatc
     interrupt_at_step(monkeypatch, module, interrupt_at)  # between two periodic checkpoints
     run_until_stopped(module.main, module.Args(**flags))
     path_b = checkpoint_path()
-    interrupted = load(path_b)
+    interrupted = read_checkpoint(path_b)
     assert interrupted["global_step"] == interrupt_at * 4 and interrupted["state"]["updates"] > 0
     assert interrupted["state"]["rb"]["obs"].dtype == (torch.uint8 if module is recurrent_iqn_atari else torch.float32)
     returns_b = module.main(module.Args(resume=path_b, checkpoint_every=flags["checkpoint_every"]))
 
-    assert load(path_a)["global_step"] == load(path_b)["global_step"] == flags["total_timesteps"]
-    a, b = load(path_a)["state"], load(path_b)["state"]
+    assert read_checkpoint(path_a)["global_step"] == read_checkpoint(path_b)["global_step"] == flags["total_timesteps"]
+    a, b = read_checkpoint(path_a)["state"], read_checkpoint(path_b)["state"]
     for key in ["q_network", "target_network"]:
         assert all(torch.equal(a[key][name], b[key][name]) for name in a[key])
     for state_a, state_b in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
@@ -115,7 +95,7 @@ def test_resume_without_replay_waits_for_learning_starts(tmp_path, monkeypatch):
     interrupt_at_step(monkeypatch, recurrent_iqn, 100)
     run_until_stopped(recurrent_iqn.main, vector_args())
     (path,) = glob.glob("runs/*/checkpoint.pt")
-    assert load(path)["state"]["updates"] > 0
+    assert read_checkpoint(path)["state"]["updates"] > 0
     train_step, filled = recurrent_iqn.train_step, []  # steps per environment in the replay at each update
     monkeypatch.setattr(recurrent_iqn, "train_step", lambda *a: filled.append(a[4].pos) or train_step(*a))
     recurrent_iqn.main(vector_args(resume=path))

@@ -9,8 +9,6 @@ import dataclasses
 import functools
 import html
 import http.server
-import importlib
-import importlib.util
 import json
 import re
 import shutil
@@ -21,27 +19,20 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO, import_file, import_script
+
 ALGORITHM_PAGES = sorted((REPO / "docs" / "rl-algorithms").glob("*.md"))
 SCRIPTS = sorted(path.name for path in (REPO / "cleanrl").glob("*.py") if path.name != "__init__.py")
 
 
-def load_hook(name):
-    spec = importlib.util.spec_from_file_location(f"docs_hook_{name}", REPO / "docs" / "hooks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-hyperparameters = load_hook("hyperparameters")
+hyperparameters = import_file(REPO / "docs" / "hooks" / "hyperparameters.py", "docs_hook_hyperparameters")
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_fields_read_from_the_source_are_the_dataclass_fields(script):
     """The table's parser against the imported `Args`: same fields in the same order, same defaults."""
     fields = hyperparameters.read_args(REPO / "cleanrl" / script)
-    args = importlib.import_module(f"cleanrl.{script[: -len('.py')]}").Args
+    args = import_script(script).Args
     assert [field.name for field in fields] == [field.name for field in dataclasses.fields(args)]
     for field, declared in zip(fields, dataclasses.fields(args)):
         assert field.doc, f"{script}: --{field.name} has no docstring"
@@ -80,7 +71,7 @@ def test_every_algorithm_flag_of_the_scripts_is_a_row():
 def test_the_minatar_column_is_the_configuration_a_minatar_id_brings(script):
     """The table's MinAtar column against the imported script: the flags `MINATAR_DEFAULTS` sets in bold, with their
     values, and every other flag at its default."""
-    module = importlib.import_module(f"cleanrl.{script[: -len('.py')]}")
+    module = import_script(script)
     read = hyperparameters.read_minatar_defaults(REPO / "cleanrl" / script)
     assert {name: eval(value, {"__builtins__": {}}) for name, value in read.items()} == module.MINATAR_DEFAULTS
     table = hyperparameters.hyperparameter_table([script])

@@ -2,7 +2,6 @@
 
 import ast
 import dataclasses
-import importlib
 import os
 import subprocess
 import sys
@@ -11,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from cleanrl_q_utils import command_line
+
+from helpers import import_script
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(path.stem for path in (REPO / "cleanrl").glob("*.py") if path.stem != "__init__")
@@ -97,7 +98,7 @@ def test_every_field_named_in_the_help_groups_exists():
 
 
 def grouped_help(script: str, capsys) -> str:
-    module = importlib.import_module(f"cleanrl.{script}")
+    module = import_script(script)
     command_line.print_grouped_help(module.Args, module.__doc__)
     return capsys.readouterr().out
 
@@ -106,7 +107,7 @@ def grouped_help(script: str, capsys) -> str:
 def test_help_lists_every_flag_once_under_its_group(script, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "100")
     text = grouped_help(script, capsys)
-    module = importlib.import_module(f"cleanrl.{script}")
+    module = import_script(script)
     first_line = module.__doc__.strip().split("\n")[0]
     assert text.startswith(first_line[:60]) and "\nusage: python " in text
     headings = [line[:-1] for line in text.splitlines() if line and not line[0].isspace() and line.endswith(":")]
@@ -173,7 +174,7 @@ def test_dash_dash_help_prints_the_grouped_help_and_exits_zero(tmp_path):
 def test_flags_still_parse_with_tyro(script):
     import tyro
 
-    args_class = importlib.import_module(f"cleanrl.{script}").Args
+    args_class = import_script(script).Args
     args = tyro.cli(args_class, args=["--seed", "7", "--no-cuda", "--gamma", "0.9", "--exp-name", "x"])
     assert (args.seed, args.cuda, args.gamma, args.exp_name) == (7, False, 0.9, "x")
     assert tyro.cli(args_class, args=[]) == args_class()

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO, import_file
+
 LAUNCH = REPO / "benchmark" / "launch.py"
 EXTRA = 'pip install -e ".[cluster]"'
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason=f"needs the cluster extra: {EXTRA}")
@@ -142,11 +143,7 @@ def test_ray_resumes_a_killed_run_from_its_checkpoint(killed, exact, ray_cluster
 
 
 def load_launch():
-    spec = importlib.util.spec_from_file_location("launch", LAUNCH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["launch"] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_file(LAUNCH, "launch")
 
 
 def job_process(controller_pid: int) -> int:

@@ -14,17 +14,9 @@ from cleanrl_q_utils import checkpoint_files, flag_checks, minatar
 
 from interrupts import interrupt_at_step, run_until_stopped
 from learning import last_mean, passes_with_one_of
+from tiny import tiny
 
 pytest.importorskip("minatar", reason='MinAtar is an optional extra: pip install -e ".[minatar]"')
-
-# Each script's smallest run on a MinAtar game: a few thousand steps with learning in them.
-TINY = {
-    pqn: dict(total_timesteps=2048, num_envs=8, num_steps=32, num_minibatches=4, update_epochs=1),
-    dqn_dueling_per: dict(total_timesteps=1200, num_envs=4, learning_starts=400, batch_size=32, train_frequency=4),
-    iqn: dict(total_timesteps=1200, num_envs=4, learning_starts=400, batch_size=32, buffer_size=4000),
-    r2d2: dict(total_timesteps=1600, num_envs=4, learning_starts=400, buffer_size=4000, batch_size=8, log_interval=1),
-    recurrent_iqn: dict(total_timesteps=1600, num_envs=4, learning_starts=400, buffer_size=4000, batch_size=8, log_interval=1),
-}
 
 
 def tensorboard_scalars(run_dir, tag: str) -> list[float]:
@@ -35,10 +27,10 @@ def tensorboard_scalars(run_dir, tag: str) -> list[float]:
     return [event.value for event in accumulator.Scalars(tag)]
 
 
-@pytest.mark.parametrize("module", list(TINY), ids=lambda m: m.__name__.split(".")[-1])
+@pytest.mark.parametrize("module", [pqn, dqn_dueling_per, iqn, r2d2, recurrent_iqn], ids=lambda m: m.__name__.split(".")[-1])
 def test_every_vector_script_trains_on_a_minatar_game(module, monkeypatch, tmp_path, capsys):
     monkeypatch.chdir(tmp_path)
-    args = module.Args(env_id="MinAtar/Breakout-v0", save_model=True, eval_episodes=2, **TINY[module])
+    args = module.Args(**tiny(module, env_id="MinAtar/Breakout-v0"), save_model=True, eval_episodes=2)
     scores = module.main(args)
     out = capsys.readouterr().out
     assert "torso: convolutional (16 filters 3x3" in out and "10x10x4" in out
@@ -111,7 +103,7 @@ def test_minatar_envs_are_seeded_when_built_and_reset_on_the_next_step():
 
 def test_a_resumed_minatar_run_is_the_uninterrupted_one(monkeypatch, tmp_path):
     """The games are rebuilt by replaying the logged actions (sticky actions and all): bit for bit the same run."""
-    flags = dict(TINY[pqn], env_id="MinAtar/SpaceInvaders-v0", total_timesteps=4096, checkpoint_every=2048)
+    flags = tiny(pqn, env_id="MinAtar/SpaceInvaders-v0", total_timesteps=4096, checkpoint_every=2048)
     for folder in ("whole", "resumed"):
         (tmp_path / folder).mkdir()
     monkeypatch.chdir(tmp_path / "whole")

@@ -434,9 +434,8 @@ def test_learns_velocity_hidden_cartpole(tmp_path, monkeypatch):
 @pytest.mark.parametrize("module", [r2d2, r2d2_atari], ids=["r2d2", "r2d2_atari"])
 def test_no_burn_in_trains_from_the_stored_state(module, monkeypatch, tmp_path):
     """--burn-in 0 ("off"): the trained steps start from the state stored with the sequence, no prefix is unrolled."""
-    from test_checkpoint_r2d2 import TINY, TINY_ATARI
+    from tiny import tiny
 
     monkeypatch.chdir(tmp_path)
-    flags = dict(TINY if module is r2d2 else TINY_ATARI, burn_in=0)
-    scores = module.main(module.Args(**flags))
+    scores = module.main(module.Args(**tiny(module, burn_in=0)))
     assert glob.glob("runs/*/events.out.tfevents.*") and isinstance(scores, list)

@@ -14,80 +14,10 @@ import torch
 
 from cleanrl_q_utils import episode_scores
 
-# Per script, a run of a few hundred steps with a network size other than the default, so that --eval-only has to
-# rebuild it from the flags saved in the model file.
-TINY = {
-    "pqn": dict(total_timesteps=512, num_envs=4, num_steps=32),
-    "pqn_atari_envpool": dict(total_timesteps=256, num_envs=4, num_steps=32, num_minibatches=2, update_epochs=1),
-    "pqn_atari_envpool_lstm": dict(total_timesteps=256, num_envs=4, num_steps=32, num_minibatches=2, update_epochs=1),
-    "dqn_dueling_per": dict(
-        total_timesteps=600, num_envs=4, hidden_size=16, buffer_size=1000, batch_size=32, learning_starts=200
-    ),
-    "iqn": dict(total_timesteps=800, num_envs=2, learning_starts=200, buffer_size=400, batch_size=16, hidden_size=32),
-    "iqn_atari": dict(
-        total_timesteps=240,
-        num_envs=2,
-        learning_starts=160,
-        buffer_size=400,
-        batch_size=4,
-        hidden_size=32,
-        num_tau_samples=8,
-        num_tau_prime_samples=8,
-        num_quantile_samples=8,
-    ),  # fmt: skip
-    "r2d2": dict(
-        total_timesteps=1200,
-        num_envs=4,
-        learning_starts=500,
-        buffer_size=4000,
-        batch_size=8,
-        seq_len=6,
-        burn_in=4,
-        sequence_period=6,
-        n_step=3,
-        lstm_size=16,
-        replay_ratio=2.0,
-    ),  # fmt: skip
-    "r2d2_atari": dict(
-        total_timesteps=480,
-        num_envs=2,
-        learning_starts=200,
-        buffer_size=2000,
-        batch_size=4,
-        seq_len=4,
-        burn_in=4,
-        sequence_period=4,
-        n_step=2,
-        lstm_size=32,
-        replay_ratio=2.0,
-    ),  # fmt: skip
-    "recurrent_iqn": dict(
-        total_timesteps=400,
-        num_envs=4,
-        buffer_size=400,
-        seq_len=6,
-        batch_size=4,
-        learning_starts=160,
-        burn_in=0,
-        lstm_size=8,
-        hidden_size=8,
-        quantile_embedding_dim=6,
-    ),  # fmt: skip
-    "recurrent_iqn_atari": dict(
-        total_timesteps=400,
-        num_envs=4,
-        buffer_size=400,
-        seq_len=6,
-        batch_size=4,
-        learning_starts=160,
-        burn_in=0,
-        lstm_size=8,
-        hidden_size=8,
-        quantile_embedding_dim=6,
-        max_episode_steps=80,
-    ),  # fmt: skip
-}
-ATARI = {name for name in TINY if "atari" in name}
+from helpers import import_script
+from tiny import SHORT, tiny
+
+ATARI = {name for name in SHORT if "atari" in name}
 
 
 @pytest.fixture(autouse=True)
@@ -134,8 +64,8 @@ def test_few_long_updates_are_timed_apart_from_acting(monkeypatch, capsys):
 
 
 def test_a_run_starts_with_its_setting_and_ends_with_a_summary(capsys):
-    pqn = importlib.import_module("cleanrl.pqn")
-    scores = pqn.main(pqn.Args(**TINY["pqn"], save_model=True, eval_episodes=2))
+    pqn = import_script("pqn")
+    scores = pqn.main(pqn.Args(**tiny("pqn", short=True), save_model=True, eval_episodes=2))
     out = capsys.readouterr().out
     first, run_dir = out.splitlines()[0], glob.glob("runs/*")[0]
     assert first == "pqn.py: CartPole-v1, seed 1, 512 agent steps"
@@ -163,8 +93,8 @@ def test_classic_control_runs_do_not_warn_about_box_precision():
 
 
 def test_resume_without_the_replay_says_so_and_counts_the_replayed_agent_steps(capsys):
-    iqn = importlib.import_module("cleanrl.iqn")
-    iqn.main(iqn.Args(**{**TINY["iqn"], "total_timesteps": 400, "checkpoint_every": 400}))
+    iqn = import_script("iqn")
+    iqn.main(iqn.Args(**tiny("iqn", short=True, total_timesteps=400, checkpoint_every=400)))
     (path,) = glob.glob("runs/*/checkpoint.pt")
     capsys.readouterr()
     iqn.main(iqn.Args(resume=path))  # the checkpoint's flags, 400 steps: a finished run
@@ -175,7 +105,7 @@ def test_resume_without_the_replay_says_so_and_counts_the_replayed_agent_steps(c
 
 
 def test_capture_video_checks_its_packages_before_training_and_warns_when_nothing_is_recorded(monkeypatch, capsys):
-    iqn = importlib.import_module("cleanrl.iqn")
+    iqn = import_script("iqn")
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "moviepy" else real_find_spec(name))
     with pytest.raises(
@@ -186,19 +116,19 @@ def test_capture_video_checks_its_packages_before_training_and_warns_when_nothin
     monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
     pytest.importorskip("moviepy")
     pytest.importorskip("pygame")
-    iqn.main(iqn.Args(**TINY["iqn"], capture_video=True))
+    iqn.main(iqn.Args(**tiny("iqn", short=True), capture_video=True))
     assert "warning: --capture-video records the evaluation episodes, which only --save-model or --eval-only play" in (
         capsys.readouterr().out
     )
     assert not os.path.exists("videos")
 
 
-@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize("name", sorted(SHORT))
 def test_every_script_evaluates_a_saved_model_later_from_the_command_line(name, capsys):
-    script = importlib.import_module(f"cleanrl.{name}")
+    script = import_script(name)
     # R2D2 has no life-loss resets, so an untrained agent that never serves plays Breakout to the 27,000-step cap.
     env = {"env_id": "Pong-v5" if name == "r2d2_atari" else "Breakout-v5"} if name in ATARI else {}
-    script.main(script.Args(**TINY[name], **env, save_model=True, eval_episodes=1))
+    script.main(script.Args(**tiny(name, short=True), **env, save_model=True, eval_episodes=1))
     out = capsys.readouterr().out
     (model_path,) = glob.glob(f"runs/*/{name}.cleanrl_model")
     assert f"evaluation of {model_path} over 1 episodes: mean " in out  # --save-model prints the mean
@@ -206,7 +136,7 @@ def test_every_script_evaluates_a_saved_model_later_from_the_command_line(name, 
 
     saved = torch.load(model_path, weights_only=True)
     assert saved["script"] == f"{name}.py" and saved["args"] == vars(
-        script.Args(**TINY[name], **env, save_model=True, eval_episodes=1)
+        script.Args(**tiny(name, short=True), **env, save_model=True, eval_episodes=1)
     )
     # A later evaluation: only the model path and evaluation flags are given; the sizes come from the file.
     scores = script.main(script.Args(eval_only=True, model_path=model_path, eval_episodes=2))
@@ -217,14 +147,14 @@ def test_every_script_evaluates_a_saved_model_later_from_the_command_line(name, 
 
 
 def test_eval_only_refuses_what_it_cannot_evaluate(tmp_path, capsys):
-    iqn, pqn = importlib.import_module("cleanrl.iqn"), importlib.import_module("cleanrl.pqn")
+    iqn, pqn = import_script("iqn"), import_script("pqn")
     with pytest.raises(SystemExit, match="^error: --eval-only=True: needs --model-path PATH"):
         iqn.main(iqn.Args(eval_only=True))
     with pytest.raises(SystemExit, match="^error: --model-path=nowhere.pt: is only read with --eval-only"):
         iqn.main(iqn.Args(model_path="nowhere.pt"))
     with pytest.raises(SystemExit, match="^error: --model-path=nowhere.pt: no such file"):
         iqn.main(iqn.Args(eval_only=True, model_path="nowhere.pt"))
-    pqn.main(pqn.Args(**TINY["pqn"], save_model=True, eval_episodes=1))
+    pqn.main(pqn.Args(**tiny("pqn", short=True), save_model=True, eval_episodes=1))
     (model_path,) = glob.glob("runs/*/pqn.cleanrl_model")
     with pytest.raises(SystemExit, match=f"^error: --model-path={model_path}: written by pqn.py, not iqn.py$"):
         iqn.main(iqn.Args(eval_only=True, model_path=model_path))
@@ -241,8 +171,8 @@ def test_eval_only_refuses_what_it_cannot_evaluate(tmp_path, capsys):
 def test_capture_video_records_the_evaluation_of_a_saved_model(capsys):
     pytest.importorskip("moviepy")
     pytest.importorskip("pygame")
-    iqn = importlib.import_module("cleanrl.iqn")
-    iqn.main(iqn.Args(**TINY["iqn"], save_model=True, eval_episodes=1))
+    iqn = import_script("iqn")
+    iqn.main(iqn.Args(**tiny("iqn", short=True), save_model=True, eval_episodes=1))
     (model_path,) = glob.glob("runs/*/iqn.cleanrl_model")
     iqn.main(iqn.Args(eval_only=True, model_path=model_path, eval_episodes=2, capture_video=True))
     videos = glob.glob("videos/*-eval-*/*.mp4")
@@ -252,7 +182,7 @@ def test_capture_video_records_the_evaluation_of_a_saved_model(capsys):
 def test_videos_of_a_training_run_are_written_inside_its_run_folder(capsys):
     pytest.importorskip("moviepy", reason="the video extra (pip install -e '.[video]')")
     pytest.importorskip("pygame", reason="the video extra (pip install -e '.[video]')")
-    pqn = importlib.import_module("cleanrl.pqn")
+    pqn = import_script("pqn")
     flags = dict(total_timesteps=256, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, eval_episodes=1)
     pqn.main(pqn.Args(**flags, save_model=True, capture_video=True))
     (run_dir,) = glob.glob("runs/*")
@@ -264,7 +194,7 @@ def test_videos_of_a_training_run_are_written_inside_its_run_folder(capsys):
 def test_save_model_with_no_evaluation_episodes_saves_and_plays_none(name, monkeypatch, tmp_path, capsys):
     """--eval-episodes 0 (allowed for every script): the model is written, no evaluation envs are built."""
     monkeypatch.chdir(tmp_path)
-    module = importlib.import_module(f"cleanrl.{name}")
-    module.main(module.Args(**TINY[name], save_model=True, eval_episodes=0))
+    module = import_script(name)
+    module.main(module.Args(**tiny(name, short=True), save_model=True, eval_episodes=0))
     out = capsys.readouterr().out
     assert glob.glob(f"runs/*/{name}.cleanrl_model") and "no episodes played (--eval-episodes 0)" in out

@@ -1,31 +1,19 @@
 """benchmark/sb3_baselines.py: tiny SB3 runs whose TensorBoard logs must hold the true score of every episode played,
 at the agent step where it ended, in a run directory that benchmark/report.py reads. Skipped without the sb3 extra."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from benchmark_runs import load_benchmark_module
 
 pytest.importorskip("stable_baselines3")
 pytest.importorskip("sb3_contrib")
 
-REPO = Path(__file__).resolve().parents[1]
 
-
-def load_module(name):
-    """Imports benchmark/<name>.py (a directory of scripts, not a package) as `benchmark_<name>`."""
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", REPO / "benchmark" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-sb3_baselines = load_module("sb3_baselines")
-report = load_module("report")
+sb3_baselines = load_benchmark_module("sb3_baselines")
+report = load_benchmark_module("report")
 
 
 def scalars(run_dir: str, tag: str) -> tuple[np.ndarray, np.ndarray]:

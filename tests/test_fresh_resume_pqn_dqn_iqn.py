@@ -11,10 +11,7 @@ from cleanrl import dqn_dueling_per, iqn, iqn_atari, pqn, pqn_atari_envpool, pqn
 from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
 from interrupts import interrupt_at_step, run_until_stopped
-
-
-def load(path):
-    return read_checkpoint(path)
+from tiny import tiny
 
 
 def interrupt_then_resume_fresh(module, monkeypatch, capsys, flags: dict, k: int) -> tuple[dict, dict]:
@@ -22,9 +19,9 @@ def interrupt_then_resume_fresh(module, monkeypatch, capsys, flags: dict, k: int
     Returns the saved state of the interrupted run and that of the finished one."""
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, module, k)
-        run_until_stopped(module.main, module.Args(**flags, cuda=False))
+        run_until_stopped(module.main, module.Args(**{**flags, "cuda": False}))
     (path,) = Path("runs").glob("*/checkpoint.pt")
-    before, make_env, steps = load(path), module.make_env, []
+    before, make_env, steps = read_checkpoint(path), module.make_env, []
 
     class Counting:  # counts the steps the resumed run's envs really take
         def __init__(self, envs):
@@ -40,7 +37,7 @@ def interrupt_then_resume_fresh(module, monkeypatch, capsys, flags: dict, k: int
     monkeypatch.setattr(module, "make_env", lambda *a, **kw: Counting(make_env(*a, **kw)))
     capsys.readouterr()
     module.main(module.Args(resume=str(path), resume_fresh_envs=True, checkpoint_every=10**6, cuda=False))
-    after, out = load(path), capsys.readouterr().out
+    after, out = read_checkpoint(path), capsys.readouterr().out
     assert after["global_step"] == flags["total_timesteps"]
     assert after["args"]["resume_fresh_envs"] and after["envs_start"] == before["global_step"]  # where the new games began
     assert "resume: fresh environments" in out and "replaying" not in out
@@ -49,15 +46,12 @@ def interrupt_then_resume_fresh(module, monkeypatch, capsys, flags: dict, k: int
     return before["state"], after["state"]
 
 
-PQN_TINY = dict(total_timesteps=128, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1)
-
-
 @pytest.mark.parametrize(
     "module, flags, k",
     [
-        (pqn, dict(PQN_TINY, total_timesteps=1024, update_epochs=2), 100),  # cut after 7 of 16 iterations
-        (pqn_atari_envpool, PQN_TINY, 5),  # cut after 1 of 2 iterations
-        (pqn_atari_envpool_lstm, PQN_TINY, 5),
+        (pqn, tiny("pqn", total_timesteps=1024), 100),  # cut after 7 of 16 iterations
+        (pqn_atari_envpool, tiny("pqn_atari_envpool", total_timesteps=128, num_steps=16), 5),  # cut after 1 of 2 iterations
+        (pqn_atari_envpool_lstm, tiny("pqn_atari_envpool_lstm", total_timesteps=128, num_steps=16), 5),
     ],
     ids=["mlp", "cnn", "lstm"],
 )
@@ -86,8 +80,7 @@ def test_pqn_fresh_resume_starts_with_a_reset_step(module, flags, k, monkeypatch
 
 def test_dqn_dueling_per_fresh_resume_drops_the_pending_n_step_transitions(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
-    flags = dict(total_timesteps=1000, num_envs=4, hidden_size=16, buffer_size=1000, batch_size=32, learning_starts=200,
-                 train_frequency=4, target_network_frequency=100, checkpoint_replay=True)  # fmt: skip
+    flags = tiny("dqn_dueling_per", total_timesteps=1000, checkpoint_replay=True)
     pushes = []  # (obs entered, obs of the transitions that left) of every NStepWindow.push, both runs
 
     class Recording(dqn_dueling_per.NStepWindow):
@@ -112,9 +105,7 @@ def test_dqn_dueling_per_fresh_resume_drops_the_pending_n_step_transitions(monke
 
 def test_iqn_fresh_resume_ends_n_step_samples_at_the_cut(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
-    flags = dict(total_timesteps=2000, num_envs=4, learning_starts=200, buffer_size=2000, batch_size=32, hidden_size=16,
-                 quantile_embedding_dim=16, num_quantile_samples=8, target_network_frequency=100,
-                 checkpoint_replay=True)  # fmt: skip
+    flags = tiny("iqn", exploration_fraction=iqn.Args.exploration_fraction, checkpoint_replay=True)
     before, after = interrupt_then_resume_fresh(iqn, monkeypatch, capsys, flags, 240)  # cut at step 960
     cut, rb = before["iteration"], after["rb"]
     for name in iqn.ReplayBuffer.ARRAYS:  # rings of 500 slots: nothing before the cut is overwritten
@@ -127,9 +118,7 @@ def test_iqn_fresh_resume_ends_n_step_samples_at_the_cut(monkeypatch, capsys, tm
 
 def test_iqn_atari_fresh_resume_starts_new_frame_stacks(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
-    flags = dict(total_timesteps=240, num_envs=2, learning_starts=160, buffer_size=400, batch_size=4, num_tau_samples=8,
-                 num_tau_prime_samples=8, num_quantile_samples=8, hidden_size=32, target_network_frequency=40,
-                 exploration_fraction=0.4, eval_episodes=0, checkpoint_replay=True)  # fmt: skip
+    flags = tiny("iqn_atari", checkpoint_replay=True)
     before, after = interrupt_then_resume_fresh(iqn_atari, monkeypatch, capsys, flags, 85)  # cut at step 170
     cut = before["iteration"]
     for name in iqn_atari.ReplayBuffer.ARRAYS:  # rings of 200 slots: nothing before the cut is overwritten
@@ -146,7 +135,7 @@ def test_iqn_atari_fresh_resume_starts_new_frame_stacks(monkeypatch, capsys, tmp
 def test_an_exact_resume_after_a_fresh_one_replays_only_the_steps_since_the_cut(monkeypatch, capsys, tmp_path):
     """Interrupted, resumed fresh, interrupted again, resumed exactly: the same weights as the run resumed fresh once
     and left to finish. The exact resume steps the actions since the fresh start only (from its reset step)."""
-    flags = dict(PQN_TINY, total_timesteps=1024)
+    flags = tiny("pqn", total_timesteps=1024, update_epochs=1)
     weights = []
     for second_stop in (None, 30):
         run_dir = tmp_path / ("twice" if second_stop else "once")
@@ -164,11 +153,11 @@ def test_an_exact_resume_after_a_fresh_one_replays_only_the_steps_since_the_cut(
             else:
                 pqn.main(fresh)
         if second_stop:
-            cut, stop = load(path)["envs_start"], load(path)["global_step"]
+            cut, stop = read_checkpoint(path)["envs_start"], read_checkpoint(path)["global_step"]
             assert 0 < cut < stop < 1024
             capsys.readouterr()
             pqn.main(pqn.Args(resume=str(path), cuda=False))
             assert f"replaying {stop - cut} logged agent steps" in capsys.readouterr().out
-        assert load(path)["global_step"] == 1024
-        weights.append(load(path)["state"]["q_network"])
+        assert read_checkpoint(path)["global_step"] == 1024
+        weights.append(read_checkpoint(path)["state"]["q_network"])
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])

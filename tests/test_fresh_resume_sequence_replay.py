@@ -8,14 +8,12 @@ import glob
 import numpy as np
 import pytest
 import torch
-from test_checkpoint_r2d2 import TINY as R2D2_TINY
-from test_checkpoint_r2d2 import TINY_ATARI as R2D2_TINY_ATARI
-from test_checkpoint_recurrent_iqn import TINY as RIQN_TINY
 
 from cleanrl import r2d2, r2d2_atari, recurrent_iqn, recurrent_iqn_atari
 from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
 from interrupts import interrupt_at_step, run_until_stopped
+from tiny import tiny
 
 
 def interrupted_then_resumed_fresh(module, flags, interrupt_at, monkeypatch, capsys):
@@ -36,8 +34,8 @@ def interrupted_then_resumed_fresh(module, flags, interrupt_at, monkeypatch, cap
 
 # flags (checkpoint_replay, a ring that does not wrap), the envs.step call of the interruption (learning has begun)
 R2D2_RUNS = {
-    "r2d2": (r2d2, dict(R2D2_TINY, total_timesteps=1200), 135),  # at the cut, envs 1 and 3 are at a game's first step
-    "r2d2_atari": (r2d2_atari, R2D2_TINY_ATARI, 82),  # the cut falls inside a window's trained steps
+    "r2d2": (r2d2, tiny("r2d2", total_timesteps=1200), 135),  # at the cut, envs 1 and 3 are at a game's first step
+    "r2d2_atari": (r2d2_atari, tiny("r2d2_atari"), 82),  # the cut falls inside a window's trained steps
 }
 
 
@@ -88,20 +86,17 @@ def test_r2d2_fresh_resume_trains_no_sequence_across_the_cut(name, tmp_path, mon
         assert not batch["obs"][position, columns, :-1].any() and batch["obs"][position, columns, -1].any()
 
 
+# flags over tiny(module) (a ring that does not wrap), the envs.step call of the interruption (learning has begun)
 RIQN_RUNS = {
     "recurrent_iqn": (recurrent_iqn, dict(total_timesteps=1200, buffer_size=1200), 150),
-    "recurrent_iqn_atari": (
-        recurrent_iqn_atari,
-        dict(env_id="Breakout-v5", total_timesteps=400, buffer_size=480, max_episode_steps=80),
-        45,
-    ),
+    "recurrent_iqn_atari": (recurrent_iqn_atari, dict(env_id="Breakout-v5", buffer_size=480), 45),
 }
 
 
 @pytest.mark.parametrize("name", RIQN_RUNS)
 def test_recurrent_iqn_fresh_resume_trains_no_sequence_across_the_cut(name, tmp_path, monkeypatch, capsys):
     module, options, k = RIQN_RUNS[name]
-    flags = dict(RIQN_TINY, checkpoint_replay=True, checkpoint_every=10**6, **options)
+    flags = tiny(module, checkpoint_replay=True, checkpoint_every=10**6, **options)
     monkeypatch.chdir(tmp_path)
     cut, final = interrupted_then_resumed_fresh(module, flags, k, monkeypatch, capsys)
     assert cut["state"]["rb"]["pos"] == k and cut["state"]["updates"] > 0
