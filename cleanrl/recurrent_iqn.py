@@ -1,13 +1,11 @@
-"""Recurrent IQN for vector observations: R2D2's recurrent model and sequence replay combined with IQN's
-implicit quantile head, n-step double-Q targets and a dueling output.
+"""Recurrent IQN for vector observations: R2D2's recurrent model and sequence replay combined with IQN's implicit
+quantile head, n-step double-Q targets and a dueling output.
 
-The same algorithm as recurrent_iqn_atari.py with an MLP torso, for classic control (by default CartPole
-with the velocities hidden, a partially observed task that needs the LSTM's memory). Only the
-environment, the torso and the defaults differ.
-
-Papers: Dabney et al. 2018 (IQN, arXiv:1806.06923), Kapturowski et al. 2019 (R2D2), Hessel et al. 2018
-(Rainbow); the algorithm follows the article "Fast Sample Efficient Q-Learning With Recurrent IQN" (RLtime).
-Docs: docs/rl-algorithms/recurrent_iqn.md
+The same algorithm as recurrent_iqn_atari.py with an MLP torso, for classic control (by default CartPole with the
+velocities hidden, a partially observed task that needs the LSTM's memory) and MinAtar: only the environment, the
+torso and the defaults differ. Papers: Dabney et al. 2018 (IQN, arXiv:1806.06923), Kapturowski et al. 2019 (R2D2),
+Hessel et al. 2018 (Rainbow); the algorithm follows the article "Fast Sample Efficient Q-Learning With Recurrent IQN"
+(RLtime). Docs: docs/rl-algorithms/recurrent_iqn.md
 """
 
 import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
@@ -142,9 +140,8 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# The configuration a MinAtar id runs with (flags given on the command line win). Provisional, not yet tuned by a
-# sweep (docs/rl-algorithms/recurrent_iqn.md). MinAtar has no step cap of its own: 27,000 steps, Atari's, caps a
-# game here (and scales the timestep input).
+# The configuration of a MinAtar id (flags given on the command line win); provisional, not yet tuned by a sweep.
+# MinAtar has no step cap of its own: Atari's, 27,000 steps, caps a game here (and scales the timestep input).
 MINATAR_DEFAULTS = dict(
     total_timesteps=2_000_000,
     mask_velocity=False,  # the CartPole memory task, on by default
@@ -198,12 +195,10 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class QNetwork(nn.Module):
-    """Torso -> [features, one-hot last action, last reward, timestep] -> LSTM -> IQN layer -> dueling.
-
-    The torso of a vector is one dense layer of `hidden_size` units; of MinAtar's (10, 10, C) grid, Young & Tian's
-    convolution of 16 filters 3x3 and 128 units. With `iqn_before_lstm` the quantile embedding modulates the whole
-    LSTM input instead (as in RLtime); the LSTM then runs once per quantile sample from a shared state, merged back by
-    the mean after every step."""
+    """Torso -> [features, one-hot last action, last reward, timestep] -> LSTM -> IQN layer -> dueling. The torso of a
+    vector is one dense layer of `hidden_size` units; of MinAtar's (10, 10, C) grid, Young & Tian's convolution of 16
+    filters 3x3 and 128 units. With `iqn_before_lstm` the quantile embedding modulates the whole LSTM input instead (as
+    in RLtime); the LSTM then runs once per quantile sample from a shared state, merged back by the mean every step."""
 
     def __init__(self, obs_shape, num_actions, args):
         super().__init__()
@@ -244,10 +239,9 @@ class QNetwork(nn.Module):
         return self.value(features) + advantage - advantage.mean(-1, keepdim=True)
 
     def core(self, obs, last_action, last_reward, timestep, is_first, state, taus=None, bounds=None):
-        """Observations (T, B, obs_size) and extras (T, B) -> LSTM features, final state.
-
-        `is_first` (T, B) zeroes the state before the first frame of an episode; `bounds` (host ints)
-        are the steps where any sequence starts one, so the LSTM runs in one call between them."""
+        """Observations (T, B, obs_size) and extras (T, B) -> LSTM features, final state. `is_first` (T, B) zeroes the
+        state before the first frame of an episode; `bounds` (host ints) are the steps where any sequence starts one,
+        so the LSTM runs in one call between them."""
         T, B = obs.shape[:2]
         obs = obs.reshape(T * B, *obs.shape[2:])
         x = self.torso(obs.permute(0, 3, 1, 2).float() if self.is_grid else obs).view(T, B, -1)
@@ -313,14 +307,12 @@ class SegmentTree:
 
 
 class SequenceReplay:
-    """Per-environment step streams in a ring. Window k trains the `seq_len` slots from k * seq_len; the
-    `burn_in` slots before them warm up the recurrent state stored when the first of them was acted, and the
-    `n_step` slots after them complete the targets. Windows overlap by burn-in and tail, so every step is trained once,
-    but for those of the first windows, whose burn-in would begin before the stream.
-
-    Slot t holds the observation o_t and what the agent fed with it (last action, last clipped reward,
-    timestep, is_first), the action a_t, the reward r_t and the end flags of that step, and
-    whether the step from o_t was envpool's reset step (its action was ignored; never trained on)."""
+    """Per-environment step streams in a ring. Window k trains the `seq_len` slots from k * seq_len; the `burn_in` slots
+    before them warm up the recurrent state stored when the first of them was acted, and the `n_step` slots after them
+    complete the targets. Windows overlap by burn-in and tail, so every step is trained once, but for those of the first
+    windows, whose burn-in would begin before the stream. Slot t holds the observation o_t and what the agent fed with
+    it (last action, last clipped reward, timestep, is_first), the action a_t, the reward r_t and the end flags of that
+    step, and whether the step from o_t was envpool's reset step (its action was ignored; never trained on)."""
 
     ARRAYS = "obs last_action last_reward timestep is_first action reward is_reset_step terminated truncated".split()
 
@@ -403,8 +395,8 @@ class SequenceReplay:
 
 
 def replay_memory_bytes(args, obs_shape, obs_dtype):
-    """The bytes SequenceReplay allocates for these flags: the slots of every stream, the stored states of
-    every window and the sum tree (a Python-int count, so absurd sizes do not overflow)."""
+    """The bytes SequenceReplay allocates for these flags: the slots of every stream, the stored states of every window
+    and the sum tree (a Python-int count, so absurd sizes do not overflow)."""
     capacity = args.buffer_size // args.num_envs // args.seq_len * args.seq_len
     slot = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 2 * 2 + 3 * 4 + 4  # int16 x2, float32 x3, bool x4
     windows = args.num_envs * (capacity // args.seq_len)
@@ -573,9 +565,8 @@ def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad
 
 
 def evaluate(model_path, args, device, video_folder="videos/eval"):
-    """Plays `args.eval_episodes` episodes with the saved model at `args.eval_epsilon` and returns their returns.
-    Episodes are split evenly over the environments so short ones are not favoured; `args.capture_video`
-    records them (one environment)."""
+    """Plays `args.eval_episodes` episodes with the saved model at `args.eval_epsilon` and returns their returns. Episodes
+    are split evenly over the environments so short ones are not favoured; `args.capture_video` records them (one env)."""
     eval_episodes, num_envs = args.eval_episodes, 1 if args.capture_video else min(args.eval_episodes, 32)
     if args.capture_video:
         env = environments.make_video_env(args.env_id, video_folder)
@@ -667,7 +658,6 @@ def main(args: Args) -> list[float]:
             next_obs, reward, terminated, truncated, info = envs.step(actions)
             step = dict(obs=obs, action=actions, reward=reward, terminated=terminated, truncated=truncated)
             rb.add(state_before, **step, is_reset_step=is_reset_step, **inputs)
-            # The episode return, counted until termination or time-out.
             game_over = terminated | truncated
             stats.update(reward, is_reset_step, game_over, run.writer, global_step)
             agent.observe(actions, reward, is_reset_step, game_over)

@@ -1,14 +1,11 @@
-"""Recurrent IQN on Atari: R2D2's recurrent model and sequence replay combined with IQN's implicit quantile
-head, n-step double-Q targets and a dueling output, tuned for sample efficiency on one machine.
+"""Recurrent IQN on Atari: R2D2's recurrent model and sequence replay combined with IQN's implicit quantile head,
+n-step double-Q targets and a dueling output, tuned for sample efficiency on one machine.
 
-A Nature CNN reads single 84x84 frames; an LSTM carries the history; the IQN layer modulates the LSTM
-features with a cosine embedding of sampled quantile fractions; a dueling head returns quantile values.
-The learner trains on sequences of 20 steps replayed from per-environment streams, starting each from the
-recurrent state stored where its burn-in (or it) began.
-
-Papers: Dabney et al. 2018 (IQN, arXiv:1806.06923), Kapturowski et al. 2019 (R2D2), Hessel et al. 2018
-(Rainbow); the algorithm and its defaults follow the article "Fast Sample Efficient Q-Learning With
-Recurrent IQN" (RLtime). Docs: docs/rl-algorithms/recurrent_iqn.md
+A Nature CNN reads single 84x84 frames and an LSTM carries the history; the learner trains on sequences of 20 steps
+replayed from per-environment streams, starting each from the recurrent state stored where its burn-in (or it) began.
+Papers: Dabney et al. 2018 (IQN, arXiv:1806.06923), Kapturowski et al. 2019 (R2D2), Hessel et al. 2018 (Rainbow); the
+algorithm and its defaults follow the article "Fast Sample Efficient Q-Learning With Recurrent IQN" (RLtime).
+Docs: docs/rl-algorithms/recurrent_iqn.md
 """
 
 import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
@@ -174,10 +171,9 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class QNetwork(nn.Module):
-    """Nature CNN -> [features, one-hot last action, last reward, timestep] -> LSTM -> IQN layer -> dueling.
-
-    With `iqn_before_lstm` the quantile embedding modulates the whole LSTM input instead (as in RLtime); the LSTM
-    then runs once per quantile sample from a shared state, merged back by the mean after every step."""
+    """Nature CNN -> [features, one-hot last action, last reward, timestep] -> LSTM -> IQN layer -> dueling. With
+    `iqn_before_lstm` the quantile embedding modulates the whole LSTM input instead (as in RLtime); the LSTM then runs
+    once per quantile sample from a shared state, merged back by the mean after every step."""
 
     def __init__(self, num_actions, args):
         super().__init__()
@@ -217,10 +213,9 @@ class QNetwork(nn.Module):
         return self.value(features) + advantage - advantage.mean(-1, keepdim=True)
 
     def core(self, obs, last_action, last_reward, timestep, is_first, state, taus=None, bounds=None):
-        """Frames (T, B, 1, 84, 84) uint8 and extras (T, B) -> LSTM features, final state.
-
-        `is_first` (T, B) zeroes the state before the first frame of an episode; `bounds` (host ints)
-        are the steps where any sequence starts one, so the LSTM runs in one call between them."""
+        """Frames (T, B, 1, 84, 84) uint8 and extras (T, B) -> LSTM features, final state. `is_first` (T, B) zeroes the
+        state before the first frame of an episode; `bounds` (host ints) are the steps where any sequence starts one,
+        so the LSTM runs in one call between them."""
         T, B = obs.shape[:2]
         x = self.torso(obs.reshape(T * B, *obs.shape[2:]).float() / 255.0).view(T, B, -1)
         last_action = F.one_hot(last_action.long() + 1, self.num_actions + 1)[..., 1:].float()  # -1 -> zeros
@@ -285,14 +280,12 @@ class SegmentTree:
 
 
 class SequenceReplay:
-    """Per-environment step streams in a ring. Window k trains the `seq_len` slots from k * seq_len; the
-    `burn_in` slots before them warm up the recurrent state stored when the first of them was acted, and the
-    `n_step` slots after them complete the targets. Windows overlap by burn-in and tail, so every step is trained once,
-    but for those of the first windows, whose burn-in would begin before the stream.
-
-    Slot t holds the observation o_t and what the agent fed with it (last action, last clipped reward,
-    timestep, is_first), the action a_t, the reward r_t and the end flags of that step, and
-    whether the step from o_t was envpool's reset step (its action was ignored; never trained on)."""
+    """Per-environment step streams in a ring. Window k trains the `seq_len` slots from k * seq_len; the `burn_in` slots
+    before them warm up the recurrent state stored when the first of them was acted, and the `n_step` slots after them
+    complete the targets. Windows overlap by burn-in and tail, so every step is trained once, but for those of the first
+    windows, whose burn-in would begin before the stream. Slot t holds the observation o_t and what the agent fed with
+    it (last action, last clipped reward, timestep, is_first), the action a_t, the reward r_t and the end flags of that
+    step, and whether the step from o_t was envpool's reset step (its action was ignored; never trained on)."""
 
     ARRAYS = "obs last_action last_reward timestep is_first action reward is_reset_step terminated truncated".split()
 
@@ -375,8 +368,8 @@ class SequenceReplay:
 
 
 def replay_memory_bytes(args, obs_shape, obs_dtype):
-    """The bytes SequenceReplay allocates for these flags: the slots of every stream, the stored states of
-    every window and the sum tree (a Python-int count, so absurd sizes do not overflow)."""
+    """The bytes SequenceReplay allocates for these flags: the slots of every stream, the stored states of every window
+    and the sum tree (a Python-int count, so absurd sizes do not overflow)."""
     capacity = args.buffer_size // args.num_envs // args.seq_len * args.seq_len
     slot = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 2 * 2 + 3 * 4 + 4  # int16 x2, float32 x3, bool x4
     windows = args.num_envs * (capacity // args.seq_len)
