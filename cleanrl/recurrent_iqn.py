@@ -155,19 +155,15 @@ MINATAR_DEFAULTS = dict(
 
 def validate_args(args):
     flag_checks.check_common_flags(args)
-    flag_checks.check_env_id(args.env_id, atari=False)  # MinAtar's grids are not Atari's frames
+    space = flag_checks.check_env_id(args.env_id, atari=False).observation_space  # MinAtar's grids are not Atari's frames
     if args.mask_velocity and not args.env_id.startswith("CartPole"):
         flag_checks.flag_error("mask_velocity", True, f"only defined for CartPole, not --env-id={args.env_id}")
     two_windows = 2 * (args.burn_in + args.seq_len + args.n_step) * args.num_envs
-    windows_rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
-    flag_checks.check_flags(
-        [
-            ("buffer_size", args.buffer_size, args.buffer_size >= two_windows, windows_rule),
-            # `evaluate` splits the episodes over min(--eval-episodes, 32) environments
-            ("eval_episodes", args.eval_episodes, args.eval_episodes >= 1, "must be >= 1"),
-        ]
-    )
-    space = flag_checks.check_env_id(args.env_id).observation_space  # the spec only: no environment is built
+    if args.buffer_size < two_windows:
+        rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
+        flag_checks.flag_error("buffer_size", args.buffer_size, rule)
+    if args.eval_episodes < 1:  # `evaluate` splits the episodes over min(--eval-episodes, 32) environments
+        flag_checks.flag_error("eval_episodes", args.eval_episodes, "must be >= 1")
     need = replay_memory_bytes(args, (2,) if args.mask_velocity else space.shape, space.dtype)
     flag_checks.check_memory(need, "the replay", f"--buffer-size={args.buffer_size}")
 

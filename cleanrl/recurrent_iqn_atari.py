@@ -142,14 +142,11 @@ def validate_args(args):
     flag_checks.check_common_flags(args)
     flag_checks.check_env_id(args.env_id, atari=True)
     two_windows = 2 * (args.burn_in + args.seq_len + args.n_step) * args.num_envs
-    windows_rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
-    flag_checks.check_flags(
-        [
-            ("buffer_size", args.buffer_size, args.buffer_size >= two_windows, windows_rule),
-            # `evaluate` splits the episodes over min(--eval-episodes, 32) environments
-            ("eval_episodes", args.eval_episodes, args.eval_episodes >= 1, "must be >= 1"),
-        ]
-    )
+    if args.buffer_size < two_windows:
+        rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
+        flag_checks.flag_error("buffer_size", args.buffer_size, rule)
+    if args.eval_episodes < 1:  # `evaluate` splits the episodes over min(--eval-episodes, 32) environments
+        flag_checks.flag_error("eval_episodes", args.eval_episodes, "must be >= 1")
     space = envpool.make_spec(args.env_id, stack_num=1).observation_space  # the spec only: no environment is built
     need = replay_memory_bytes(args, space.shape, space.dtype)
     flag_checks.check_memory(need, "the replay", f"--buffer-size={args.buffer_size}")
