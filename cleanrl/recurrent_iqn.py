@@ -506,13 +506,9 @@ def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad
     b = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
     inputs = {k: b[k] for k in ["obs", "last_action", "last_reward", "timestep", "is_first"]}
     T, B, L, n, burn_in = rb.window, args.batch_size, args.seq_len, args.n_step, args.burn_in
-    rand = lambda k: torch.rand(T, B, k, device=device)  # noqa: E731
-    with torch.no_grad():
-        target_taus = rand(args.num_tau_prime_samples)
-        target_quantiles = target_network(**inputs, state=initial_state, taus=target_taus, bounds=window_bounds)[0][burn_in:]
-        ends = [b[k][burn_in:] for k in ("reward", "terminated", "truncated")]  # slot 0: the first trained step
-        returns, discounts, bootstrap = n_step_targets(*ends, args.gamma, n)  # (L, B) each
-    taus, state = rand(args.num_tau_samples), initial_state
+    sizes = args.num_tau_prime_samples, args.num_tau_samples, args.num_quantile_samples  # N', N, K
+    target_taus, taus, select_taus = (torch.rand(T, B, k, device=device) for k in sizes)
+    state = initial_state
     if burn_in > 0:  # the burn-in only warms up the stored state: no gradient, no loss
         with torch.no_grad():
             burn_in_inputs = {k: v[:burn_in] for k, v in inputs.items()}
@@ -524,7 +520,9 @@ def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad
     taus = taus[burn_in : burn_in + L]
     quantiles = q_network.head(features[:L], taus)  # (L, B, N, A)
     with torch.no_grad():
-        select_taus = rand(args.num_quantile_samples)
+        target_quantiles = target_network(**inputs, state=initial_state, taus=target_taus, bounds=window_bounds)[0][burn_in:]
+        ends = [b[k][burn_in:] for k in ("reward", "terminated", "truncated")]  # slot 0: the first trained step
+        returns, discounts, bootstrap = n_step_targets(*ends, args.gamma, n)  # (L, B) each
         if args.iqn_before_lstm:  # the quantile samples enter the LSTM: the selection pass needs its own unroll
             select_quantiles = q_network(**inputs, state=initial_state, taus=select_taus, bounds=window_bounds)[0][burn_in:]
         else:  # reuse the LSTM features, new quantile samples in the head
