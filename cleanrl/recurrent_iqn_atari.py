@@ -382,8 +382,7 @@ def n_step_targets(reward, terminated, truncated, gamma, n):
     at step t+k stops the sum there; a time-out bootstraps from its final observation o_{t+k+1}, a
     termination has discount 0."""
     T = reward.shape[0] - n
-    returns = torch.zeros_like(reward[:T])
-    discounts = torch.ones_like(reward[:T])
+    returns, discounts = torch.zeros_like(reward[:T]), torch.ones_like(reward[:T])
     bootstrap = torch.arange(1, T + 1, device=reward.device).unsqueeze(1).expand_as(returns).clone()
     running = torch.ones_like(reward[:T], dtype=torch.bool)  # the episode has not ended before step t+k
     for k in range(n):
@@ -434,11 +433,9 @@ class Agent:
     def __init__(self, q_network, num_envs, args, device):
         self.q_network, self.args, self.device = q_network, args, device
         self.state = (torch.zeros(num_envs, args.lstm_size, device=device),) * 2
-        self.last_action = np.full(num_envs, -1, dtype=np.int64)
-        self.last_reward = np.zeros(num_envs, dtype=np.float32)
-        self.is_first = np.ones(num_envs, dtype=bool)
+        self.last_action, self.last_reward = np.full(num_envs, -1, dtype=np.int64), np.zeros(num_envs, dtype=np.float32)
+        self.is_first, self.game_over = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
         self.game_steps = np.zeros(num_envs, dtype=np.int64)  # agent steps since the game began
-        self.game_over = np.zeros(num_envs, dtype=bool)
 
     def state_dict(self):
         return {"state": self.state, **{key: getattr(self, key) for key in self.INPUTS}}
