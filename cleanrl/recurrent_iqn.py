@@ -1,13 +1,11 @@
-"""Recurrent IQN for vector observations: R2D2's recurrent model and sequence replay combined with IQN's
-implicit quantile head, n-step double-Q targets and a dueling output.
+"""Recurrent IQN for vector observations: R2D2's recurrent model and sequence replay combined with IQN's implicit
+quantile head, n-step double-Q targets and a dueling output.
 
-The same algorithm as recurrent_iqn_atari.py with an MLP torso, for classic control (by default CartPole
-with the velocities hidden, a partially observed task that needs the LSTM's memory). Only the
-environment, the torso and the defaults differ.
-
-Papers: Dabney et al. 2018 (IQN, arXiv:1806.06923), Kapturowski et al. 2019 (R2D2), Hessel et al. 2018
-(Rainbow); the algorithm follows the article "Fast Sample Efficient Q-Learning With Recurrent IQN" (RLtime).
-Docs: docs/rl-algorithms/recurrent_iqn.md
+The same algorithm as recurrent_iqn_atari.py with an MLP torso, for classic control (by default CartPole with the
+velocities hidden, a partially observed task that needs the LSTM's memory) and MinAtar: only the environment, the
+torso and the defaults differ. Papers: Dabney et al. 2018 (IQN, arXiv:1806.06923), Kapturowski et al. 2019 (R2D2),
+Hessel et al. 2018 (Rainbow); the algorithm follows the article "Fast Sample Efficient Q-Learning With Recurrent IQN"
+(RLtime). Docs: docs/rl-algorithms/recurrent_iqn.md
 """
 
 import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
@@ -143,9 +141,8 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# The configuration a MinAtar id runs with (flags given on the command line win). Provisional, not yet tuned by a
-# sweep (docs/rl-algorithms/recurrent_iqn.md). MinAtar has no step cap of its own: 27,000 steps, Atari's, caps a
-# game here (and scales the timestep input).
+# The configuration of a MinAtar id (flags given on the command line win); provisional, not yet tuned by a sweep.
+# MinAtar has no step cap of its own: Atari's, 27,000 steps, caps a game here (and scales the timestep input).
 MINATAR_DEFAULTS = dict(
     total_timesteps=2_000_000,
     mask_velocity=False,  # the CartPole memory task, on by default
@@ -159,19 +156,15 @@ MINATAR_DEFAULTS = dict(
 
 def validate_args(args):
     flag_checks.check_common_flags(args)
-    flag_checks.check_env_id(args.env_id, atari=False)  # MinAtar's grids are not Atari's frames
+    space = flag_checks.check_env_id(args.env_id, atari=False).observation_space  # MinAtar's grids are not Atari's frames
     if args.mask_velocity and not args.env_id.startswith("CartPole"):
         flag_checks.flag_error("mask_velocity", True, f"only defined for CartPole, not --env-id={args.env_id}")
     two_windows = 2 * (args.burn_in + args.seq_len + args.n_step) * args.num_envs
-    windows_rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
-    flag_checks.check_flags(
-        [
-            ("buffer_size", args.buffer_size, args.buffer_size >= two_windows, windows_rule),
-            # `evaluate` splits the episodes over min(--eval-episodes, 32) environments
-            ("eval_episodes", args.eval_episodes, args.eval_episodes >= 1, "must be >= 1"),
-        ]
-    )
-    space = flag_checks.check_env_id(args.env_id).observation_space  # the spec only: no environment is built
+    if args.buffer_size < two_windows:
+        rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
+        flag_checks.flag_error("buffer_size", args.buffer_size, rule)
+    if args.eval_episodes < 1:  # `evaluate` splits the episodes over min(--eval-episodes, 32) environments
+        flag_checks.flag_error("eval_episodes", args.eval_episodes, "must be >= 1")
     need = replay_memory_bytes(args, (2,) if args.mask_velocity else space.shape, space.dtype)
     flag_checks.check_memory(need, "the replay", f"--buffer-size={args.buffer_size}")
 
@@ -199,23 +192,19 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class QNetwork(nn.Module):
-    """Torso -> [features, one-hot last action, last reward, timestep] -> LSTM -> IQN layer -> dueling.
-
-    The torso of a vector is one dense layer of `hidden_size` units; of MinAtar's (10, 10, C) grid, Young & Tian's
-    convolution of 16 filters 3x3 and 128 units. With `iqn_before_lstm` the quantile embedding modulates the whole
-    LSTM input instead (as in RLtime); the LSTM then runs once per quantile sample from a shared state, merged back by
-    the mean after every step."""
+    """Torso -> [features, one-hot last action, last reward, timestep] -> LSTM -> IQN layer -> dueling. The torso of a
+    vector is one dense layer of `hidden_size` units; of MinAtar's (10, 10, C) grid, Young & Tian's convolution of 16
+    filters 3x3 and 128 units. With `iqn_before_lstm` the quantile embedding modulates the whole LSTM input instead (as
+    in RLtime); the LSTM then runs once per quantile sample from a shared state, merged back by the mean every step."""
 
     def __init__(self, obs_shape, num_actions, args):
         super().__init__()
         self.num_actions, self.iqn_before_lstm, self.is_grid = num_actions, args.iqn_before_lstm, len(obs_shape) == 3
         if self.is_grid:
             height, width, channels = obs_shape
+            torso_size = 128
+            self.torso_name = f"convolutional (16 filters 3x3, 128 units) for {height}x{width}x{channels} grids"
             conv = [layer_init(nn.Conv2d(channels, 16, 3)), nn.ReLU(), nn.Flatten()]
-            torso_size, self.torso_name = (
-                128,
-                f"convolutional (16 filters 3x3, 128 units) for {height}x{width}x{channels} grids",
-            )
             self.torso = nn.Sequential(*conv, layer_init(nn.Linear(16 * (height - 2) * (width - 2), torso_size)), nn.ReLU())
         else:
             torso_size, self.torso_name = args.hidden_size, f"MLP of {args.hidden_size} units for vectors of {obs_shape[0]}"
@@ -245,10 +234,9 @@ class QNetwork(nn.Module):
         return self.value(features) + advantage - advantage.mean(-1, keepdim=True)
 
     def core(self, obs, last_action, last_reward, timestep, is_first, state, taus=None, bounds=None):
-        """Observations (T, B, obs_size) and extras (T, B) -> LSTM features, final state.
-
-        `is_first` (T, B) zeroes the state before the first frame of an episode; `bounds` (host ints)
-        are the steps where any sequence starts one, so the LSTM runs in one call between them."""
+        """Observations (T, B, obs_size) and extras (T, B) -> LSTM features, final state. `is_first` (T, B) zeroes the
+        state before the first frame of an episode; `bounds` (host ints) are the steps where any sequence starts one,
+        so the LSTM runs in one call between them."""
         T, B = obs.shape[:2]
         obs = obs.reshape(T * B, *obs.shape[2:])
         x = self.torso(obs.permute(0, 3, 1, 2).float() if self.is_grid else obs).view(T, B, -1)
@@ -314,14 +302,12 @@ class SegmentTree:
 
 
 class SequenceReplay:
-    """Per-environment step streams in a ring. Window k trains the `seq_len` slots from k * seq_len; the
-    `burn_in` slots before them warm up the recurrent state stored when the first of them was acted, and the
-    `n_step` slots after them complete the targets. Windows overlap by burn-in and tail, so every step is trained once,
-    but for those of the first windows, whose burn-in would begin before the stream.
-
-    Slot t holds the observation o_t and what the agent fed with it (last action, last clipped reward,
-    timestep, is_first), the action a_t, the reward r_t and the end flags of that step, and
-    whether the step from o_t was envpool's reset step (its action was ignored; never trained on)."""
+    """Per-environment step streams in a ring. Window k trains the `seq_len` slots from k * seq_len; the `burn_in` slots
+    before them warm up the recurrent state stored when the first of them was acted, and the `n_step` slots after them
+    complete the targets. Windows overlap by burn-in and tail, so every step is trained once, but for those of the first
+    windows, whose burn-in would begin before the stream. Slot t holds the observation o_t and what the agent fed with
+    it (last action, last clipped reward, timestep, is_first), the action a_t, the reward r_t and the end flags of that
+    step, and whether the step from o_t was envpool's reset step (its action was ignored; never trained on)."""
 
     ARRAYS = "obs last_action last_reward timestep is_first action reward is_reset_step terminated truncated".split()
 
@@ -404,8 +390,8 @@ class SequenceReplay:
 
 
 def replay_memory_bytes(args, obs_shape, obs_dtype):
-    """The bytes SequenceReplay allocates for these flags: the slots of every stream, the stored states of
-    every window and the sum tree (a Python-int count, so absurd sizes do not overflow)."""
+    """The bytes SequenceReplay allocates for these flags: the slots of every stream, the stored states of every window
+    and the sum tree (a Python-int count, so absurd sizes do not overflow)."""
     capacity = args.buffer_size // args.num_envs // args.seq_len * args.seq_len
     slot = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 2 * 2 + 3 * 4 + 4  # int16 x2, float32 x3, bool x4
     windows = args.num_envs * (capacity // args.seq_len)
@@ -421,8 +407,7 @@ def n_step_targets(reward, terminated, truncated, gamma, n):
     at step t+k stops the sum there; a time-out bootstraps from its final observation o_{t+k+1}, a
     termination has discount 0."""
     T = reward.shape[0] - n
-    returns = torch.zeros_like(reward[:T])
-    discounts = torch.ones_like(reward[:T])
+    returns, discounts = torch.zeros_like(reward[:T]), torch.ones_like(reward[:T])
     bootstrap = torch.arange(1, T + 1, device=reward.device).unsqueeze(1).expand_as(returns).clone()
     running = torch.ones_like(reward[:T], dtype=torch.bool)  # the episode has not ended before step t+k
     for k in range(n):
@@ -473,11 +458,9 @@ class Agent:
     def __init__(self, q_network, num_envs, args, device):
         self.q_network, self.args, self.device = q_network, args, device
         self.state = (torch.zeros(num_envs, args.lstm_size, device=device),) * 2
-        self.last_action = np.full(num_envs, -1, dtype=np.int64)
-        self.last_reward = np.zeros(num_envs, dtype=np.float32)
-        self.is_first = np.ones(num_envs, dtype=bool)
+        self.last_action, self.last_reward = np.full(num_envs, -1, dtype=np.int64), np.zeros(num_envs, dtype=np.float32)
+        self.is_first, self.game_over = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
         self.game_steps = np.zeros(num_envs, dtype=np.int64)  # agent steps since the game began
-        self.game_over = np.zeros(num_envs, dtype=bool)
 
     def state_dict(self):
         return {"state": self.state, **{key: getattr(self, key) for key in self.INPUTS}}
@@ -519,13 +502,9 @@ def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad
     b = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
     inputs = {k: b[k] for k in ["obs", "last_action", "last_reward", "timestep", "is_first"]}
     T, B, L, n, burn_in = rb.window, args.batch_size, args.seq_len, args.n_step, args.burn_in
-    rand = lambda k: torch.rand(T, B, k, device=device)  # noqa: E731
-    with torch.no_grad():
-        target_taus = rand(args.num_tau_prime_samples)
-        target_quantiles = target_network(**inputs, state=initial_state, taus=target_taus, bounds=window_bounds)[0][burn_in:]
-        ends = [b[k][burn_in:] for k in ("reward", "terminated", "truncated")]  # slot 0: the first trained step
-        returns, discounts, bootstrap = n_step_targets(*ends, args.gamma, n)  # (L, B) each
-    taus, state = rand(args.num_tau_samples), initial_state
+    sizes = args.num_tau_prime_samples, args.num_tau_samples, args.num_quantile_samples  # N', N, K
+    target_taus, taus, select_taus = (torch.rand(T, B, k, device=device) for k in sizes)
+    state = initial_state
     if burn_in > 0:  # the burn-in only warms up the stored state: no gradient, no loss
         with torch.no_grad():
             burn_in_inputs = {k: v[:burn_in] for k, v in inputs.items()}
@@ -537,7 +516,9 @@ def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad
     taus = taus[burn_in : burn_in + L]
     quantiles = q_network.head(features[:L], taus)  # (L, B, N, A)
     with torch.no_grad():
-        select_taus = rand(args.num_quantile_samples)
+        target_quantiles = target_network(**inputs, state=initial_state, taus=target_taus, bounds=window_bounds)[0][burn_in:]
+        ends = [b[k][burn_in:] for k in ("reward", "terminated", "truncated")]  # slot 0: the first trained step
+        returns, discounts, bootstrap = n_step_targets(*ends, args.gamma, n)  # (L, B) each
         if args.iqn_before_lstm:  # the quantile samples enter the LSTM: the selection pass needs its own unroll
             select_quantiles = q_network(**inputs, state=initial_state, taus=select_taus, bounds=window_bounds)[0][burn_in:]
         else:  # reuse the LSTM features, new quantile samples in the head
@@ -574,9 +555,8 @@ def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad
 
 
 def evaluate(model_path, args, device, video_folder="videos/eval"):
-    """Plays `args.eval_episodes` episodes with the saved model at `args.eval_epsilon` and returns their returns.
-    Episodes are split evenly over the environments so short ones are not favoured; `args.capture_video`
-    records them (one environment)."""
+    """Plays `args.eval_episodes` episodes with the saved model at `args.eval_epsilon` and returns their returns. Episodes
+    are split evenly over the environments so short ones are not favoured; `args.capture_video` records them (one env)."""
     eval_episodes, num_envs = args.eval_episodes, 1 if args.capture_video else min(args.eval_episodes, 32)
     if args.capture_video:
         env = environments.make_video_env(args.env_id, video_folder)
@@ -668,7 +648,6 @@ def main(args: Args) -> list[float]:
             next_obs, reward, terminated, truncated, info = envs.step(actions)
             step = dict(obs=obs, action=actions, reward=reward, terminated=terminated, truncated=truncated)
             rb.add(state_before, **step, is_reset_step=is_reset_step, **inputs)
-            # The episode return, counted until termination or time-out.
             game_over = terminated | truncated
             stats.update(reward, is_reset_step, game_over, run.writer, global_step)
             agent.observe(actions, reward, is_reset_step, game_over)

@@ -1,14 +1,11 @@
-"""Recurrent IQN on Atari: R2D2's recurrent model and sequence replay combined with IQN's implicit quantile
-head, n-step double-Q targets and a dueling output, tuned for sample efficiency on one machine.
+"""Recurrent IQN on Atari: R2D2's recurrent model and sequence replay combined with IQN's implicit quantile head,
+n-step double-Q targets and a dueling output, tuned for sample efficiency on one machine.
 
-A Nature CNN reads single 84x84 frames; an LSTM carries the history; the IQN layer modulates the LSTM
-features with a cosine embedding of sampled quantile fractions; a dueling head returns quantile values.
-The learner trains on sequences of 20 steps replayed from per-environment streams, starting each from the
-recurrent state stored where its burn-in (or it) began.
-
-Papers: Dabney et al. 2018 (IQN, arXiv:1806.06923), Kapturowski et al. 2019 (R2D2), Hessel et al. 2018
-(Rainbow); the algorithm and its defaults follow the article "Fast Sample Efficient Q-Learning With
-Recurrent IQN" (RLtime). Docs: docs/rl-algorithms/recurrent_iqn.md
+A Nature CNN reads single 84x84 frames and an LSTM carries the history; the learner trains on sequences of 20 steps
+replayed from per-environment streams, starting each from the recurrent state stored where its burn-in (or it) began.
+Papers: Dabney et al. 2018 (IQN, arXiv:1806.06923), Kapturowski et al. 2019 (R2D2), Hessel et al. 2018 (Rainbow); the
+algorithm and its defaults follow the article "Fast Sample Efficient Q-Learning With Recurrent IQN" (RLtime).
+Docs: docs/rl-algorithms/recurrent_iqn.md
 """
 
 import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
@@ -146,14 +143,11 @@ def validate_args(args):
     flag_checks.check_common_flags(args)
     flag_checks.check_env_id(args.env_id, atari=True)
     two_windows = 2 * (args.burn_in + args.seq_len + args.n_step) * args.num_envs
-    windows_rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
-    flag_checks.check_flags(
-        [
-            ("buffer_size", args.buffer_size, args.buffer_size >= two_windows, windows_rule),
-            # `evaluate` splits the episodes over min(--eval-episodes, 32) environments
-            ("eval_episodes", args.eval_episodes, args.eval_episodes >= 1, "must be >= 1"),
-        ]
-    )
+    if args.buffer_size < two_windows:
+        rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
+        flag_checks.flag_error("buffer_size", args.buffer_size, rule)
+    if args.eval_episodes < 1:  # `evaluate` splits the episodes over min(--eval-episodes, 32) environments
+        flag_checks.flag_error("eval_episodes", args.eval_episodes, "must be >= 1")
     space = envpool.make_spec(args.env_id, stack_num=1).observation_space  # the spec only: no environment is built
     need = replay_memory_bytes(args, space.shape, space.dtype)
     flag_checks.check_memory(need, "the replay", f"--buffer-size={args.buffer_size}")
@@ -175,10 +169,9 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class QNetwork(nn.Module):
-    """Nature CNN -> [features, one-hot last action, last reward, timestep] -> LSTM -> IQN layer -> dueling.
-
-    With `iqn_before_lstm` the quantile embedding modulates the whole LSTM input instead (as in RLtime); the LSTM
-    then runs once per quantile sample from a shared state, merged back by the mean after every step."""
+    """Nature CNN -> [features, one-hot last action, last reward, timestep] -> LSTM -> IQN layer -> dueling. With
+    `iqn_before_lstm` the quantile embedding modulates the whole LSTM input instead (as in RLtime); the LSTM then runs
+    once per quantile sample from a shared state, merged back by the mean after every step."""
 
     def __init__(self, num_actions, args):
         super().__init__()
@@ -218,10 +211,9 @@ class QNetwork(nn.Module):
         return self.value(features) + advantage - advantage.mean(-1, keepdim=True)
 
     def core(self, obs, last_action, last_reward, timestep, is_first, state, taus=None, bounds=None):
-        """Frames (T, B, 1, 84, 84) uint8 and extras (T, B) -> LSTM features, final state.
-
-        `is_first` (T, B) zeroes the state before the first frame of an episode; `bounds` (host ints)
-        are the steps where any sequence starts one, so the LSTM runs in one call between them."""
+        """Frames (T, B, 1, 84, 84) uint8 and extras (T, B) -> LSTM features, final state. `is_first` (T, B) zeroes the
+        state before the first frame of an episode; `bounds` (host ints) are the steps where any sequence starts one,
+        so the LSTM runs in one call between them."""
         T, B = obs.shape[:2]
         x = self.torso(obs.reshape(T * B, *obs.shape[2:]).float() / 255.0).view(T, B, -1)
         last_action = F.one_hot(last_action.long() + 1, self.num_actions + 1)[..., 1:].float()  # -1 -> zeros
@@ -286,14 +278,12 @@ class SegmentTree:
 
 
 class SequenceReplay:
-    """Per-environment step streams in a ring. Window k trains the `seq_len` slots from k * seq_len; the
-    `burn_in` slots before them warm up the recurrent state stored when the first of them was acted, and the
-    `n_step` slots after them complete the targets. Windows overlap by burn-in and tail, so every step is trained once,
-    but for those of the first windows, whose burn-in would begin before the stream.
-
-    Slot t holds the observation o_t and what the agent fed with it (last action, last clipped reward,
-    timestep, is_first), the action a_t, the reward r_t and the end flags of that step, and
-    whether the step from o_t was envpool's reset step (its action was ignored; never trained on)."""
+    """Per-environment step streams in a ring. Window k trains the `seq_len` slots from k * seq_len; the `burn_in` slots
+    before them warm up the recurrent state stored when the first of them was acted, and the `n_step` slots after them
+    complete the targets. Windows overlap by burn-in and tail, so every step is trained once, but for those of the first
+    windows, whose burn-in would begin before the stream. Slot t holds the observation o_t and what the agent fed with
+    it (last action, last clipped reward, timestep, is_first), the action a_t, the reward r_t and the end flags of that
+    step, and whether the step from o_t was envpool's reset step (its action was ignored; never trained on)."""
 
     ARRAYS = "obs last_action last_reward timestep is_first action reward is_reset_step terminated truncated".split()
 
@@ -376,8 +366,8 @@ class SequenceReplay:
 
 
 def replay_memory_bytes(args, obs_shape, obs_dtype):
-    """The bytes SequenceReplay allocates for these flags: the slots of every stream, the stored states of
-    every window and the sum tree (a Python-int count, so absurd sizes do not overflow)."""
+    """The bytes SequenceReplay allocates for these flags: the slots of every stream, the stored states of every window
+    and the sum tree (a Python-int count, so absurd sizes do not overflow)."""
     capacity = args.buffer_size // args.num_envs // args.seq_len * args.seq_len
     slot = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 2 * 2 + 3 * 4 + 4  # int16 x2, float32 x3, bool x4
     windows = args.num_envs * (capacity // args.seq_len)
@@ -393,8 +383,7 @@ def n_step_targets(reward, terminated, truncated, gamma, n):
     at step t+k stops the sum there; a time-out bootstraps from its final observation o_{t+k+1}, a
     termination has discount 0."""
     T = reward.shape[0] - n
-    returns = torch.zeros_like(reward[:T])
-    discounts = torch.ones_like(reward[:T])
+    returns, discounts = torch.zeros_like(reward[:T]), torch.ones_like(reward[:T])
     bootstrap = torch.arange(1, T + 1, device=reward.device).unsqueeze(1).expand_as(returns).clone()
     running = torch.ones_like(reward[:T], dtype=torch.bool)  # the episode has not ended before step t+k
     for k in range(n):
@@ -445,11 +434,9 @@ class Agent:
     def __init__(self, q_network, num_envs, args, device):
         self.q_network, self.args, self.device = q_network, args, device
         self.state = (torch.zeros(num_envs, args.lstm_size, device=device),) * 2
-        self.last_action = np.full(num_envs, -1, dtype=np.int64)
-        self.last_reward = np.zeros(num_envs, dtype=np.float32)
-        self.is_first = np.ones(num_envs, dtype=bool)
+        self.last_action, self.last_reward = np.full(num_envs, -1, dtype=np.int64), np.zeros(num_envs, dtype=np.float32)
+        self.is_first, self.game_over = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
         self.game_steps = np.zeros(num_envs, dtype=np.int64)  # agent steps since the game began
-        self.game_over = np.zeros(num_envs, dtype=bool)
 
     def state_dict(self):
         return {"state": self.state, **{key: getattr(self, key) for key in self.INPUTS}}
@@ -491,13 +478,9 @@ def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad
     b = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
     inputs = {k: b[k] for k in ["obs", "last_action", "last_reward", "timestep", "is_first"]}
     T, B, L, n, burn_in = rb.window, args.batch_size, args.seq_len, args.n_step, args.burn_in
-    rand = lambda k: torch.rand(T, B, k, device=device)  # noqa: E731
-    with torch.no_grad():
-        target_taus = rand(args.num_tau_prime_samples)
-        target_quantiles = target_network(**inputs, state=initial_state, taus=target_taus, bounds=window_bounds)[0][burn_in:]
-        ends = [b[k][burn_in:] for k in ("reward", "terminated", "truncated")]  # slot 0: the first trained step
-        returns, discounts, bootstrap = n_step_targets(*ends, args.gamma, n)  # (L, B) each
-    taus, state = rand(args.num_tau_samples), initial_state
+    sizes = args.num_tau_prime_samples, args.num_tau_samples, args.num_quantile_samples  # N', N, K
+    target_taus, taus, select_taus = (torch.rand(T, B, k, device=device) for k in sizes)
+    state = initial_state
     if burn_in > 0:  # the burn-in only warms up the stored state: no gradient, no loss
         with torch.no_grad():
             burn_in_inputs = {k: v[:burn_in] for k, v in inputs.items()}
@@ -509,7 +492,9 @@ def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad
     taus = taus[burn_in : burn_in + L]
     quantiles = q_network.head(features[:L], taus)  # (L, B, N, A)
     with torch.no_grad():
-        select_taus = rand(args.num_quantile_samples)
+        target_quantiles = target_network(**inputs, state=initial_state, taus=target_taus, bounds=window_bounds)[0][burn_in:]
+        ends = [b[k][burn_in:] for k in ("reward", "terminated", "truncated")]  # slot 0: the first trained step
+        returns, discounts, bootstrap = n_step_targets(*ends, args.gamma, n)  # (L, B) each
         if args.iqn_before_lstm:  # the quantile samples enter the LSTM: the selection pass needs its own unroll
             select_quantiles = q_network(**inputs, state=initial_state, taus=select_taus, bounds=window_bounds)[0][burn_in:]
         else:  # reuse the LSTM features, new quantile samples in the head
