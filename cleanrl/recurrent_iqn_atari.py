@@ -146,8 +146,6 @@ def validate_args(args):
     if args.buffer_size < two_windows:
         rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
         flag_checks.flag_error("buffer_size", args.buffer_size, rule)
-    if args.eval_episodes < 1:  # `evaluate` splits the episodes over min(--eval-episodes, 32) environments
-        flag_checks.flag_error("eval_episodes", args.eval_episodes, "must be >= 1")
     space = envpool.make_spec(args.env_id, stack_num=1).observation_space  # the spec only: no environment is built
     need = replay_memory_bytes(args, space.shape, space.dtype)
     flag_checks.check_memory(need, "the replay", f"--buffer-size={args.buffer_size}")

@@ -190,7 +190,7 @@ def test_videos_of_a_training_run_are_written_inside_its_run_folder(capsys):
     assert f"videos in {run_dir}/videos" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", ["pqn", "pqn_atari_envpool", "dqn_dueling_per", "r2d2", "r2d2_atari"])
+@pytest.mark.parametrize("name", ["pqn", "pqn_atari_envpool", "dqn_dueling_per", "r2d2", "r2d2_atari", "recurrent_iqn"])
 def test_save_model_with_no_evaluation_episodes_saves_and_plays_none(name, monkeypatch, tmp_path, capsys):
     """--eval-episodes 0 (allowed for every script): the model is written, no evaluation envs are built."""
     monkeypatch.chdir(tmp_path)
