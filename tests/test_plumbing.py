@@ -1,5 +1,6 @@
-"""The shared run plumbing (cleanrl_q_utils/plumbing.py): signals, atomic checkpoints, resume flags, the NaN stop,
-the TensorBoard purge step, and in-place restore of a script's checkpoint state."""
+"""The shared run plumbing (cleanrl_q_utils: training_run, stop_signals, checkpoint_files, command_line): signals,
+atomic checkpoints, resume flags, the NaN stop, the TensorBoard purge step, and in-place restore of a script's
+checkpoint state."""
 
 import os
 import re
