@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, training_run
 from cleanrl_q_utils.lstm_unroll import segment_bounds, unroll_lstm, unroll_lstm_merged
+from cleanrl_q_utils.segment_tree import SegmentTree
 
 # The layout of checkpoint.pt, which a resume checks; 3: replay windows with the burn-in before them; the IQN-before-LSTM layer
 CHECKPOINT_FORMAT = 3
@@ -224,55 +225,6 @@ class QNetwork(nn.Module):
     def forward(self, obs, last_action, last_reward, timestep, is_first, state, taus, bounds=None):
         features, state = self.core(obs, last_action, last_reward, timestep, is_first, state, taus, bounds)
         return self.head(features, taus), state
-
-
-class SegmentTree:
-    """A complete binary tree in one flat array (root at 1, leaf i at `num_leaves + i`, children of k at 2k and 2k+1)
-    whose inner nodes hold `combine` of their children: np.add makes a sum tree for proportional sampling, np.minimum
-    a min tree. A batch walks up or down the tree together, one level per numpy operation: O(B log n) work, O(log n)
-    Python steps. Every script with prioritized replay holds this same class; tests/test_segment_tree.py keeps the
-    copies identical, so a fix made here goes into all of them."""
-
-    def __init__(self, capacity: int, combine=np.add, neutral: float = 0.0):
-        self.depth = max(1, (capacity - 1).bit_length())
-        self.num_leaves = 1 << self.depth
-        self.combine = combine
-        self.nodes = np.full(2 * self.num_leaves, neutral, dtype=np.float64)
-
-    @property
-    def root(self) -> float:
-        return self.nodes[1]
-
-    def leaves(self, indices: np.ndarray) -> np.ndarray:
-        return self.nodes[indices + self.num_leaves]
-
-    def update(self, indices: np.ndarray, values) -> None:
-        """Sets leaves `indices` to `values` (one per index, or one for all); of repeated indices the last value wins."""
-        indices = np.asarray(indices, dtype=np.int64)
-        values = np.broadcast_to(np.asarray(values, dtype=np.float64), indices.shape)
-        # Reversed np.unique keeps the last occurrence: fancy assignment alone leaves duplicates undefined.
-        unique, last = np.unique(indices[::-1], return_index=True)
-        nodes = unique + self.num_leaves
-        self.nodes[nodes] = values[::-1][last]
-        for _ in range(self.depth):
-            nodes >>= 1
-            # Parents are recomputed from their children rather than shifted by deltas: a parent shared by several
-            # leaves gets the same value from each write, and the sums carry no drift however many updates are made.
-            self.nodes[nodes] = self.combine(self.nodes[2 * nodes], self.nodes[2 * nodes + 1])
-
-    def find_prefix_sum(self, mass: np.ndarray) -> np.ndarray:
-        """Sum tree only. For each mass in [0, root], the leaf i with sum(leaves < i) <= mass < sum(leaves <= i).
-        Never returns a zero leaf: at mass == root, or when rounding pushes the mass past a subtree, the descent
-        stays in the last subtree with positive sum."""
-        mass = np.array(mass, dtype=np.float64)
-        nodes = np.ones(mass.shape, dtype=np.int64)
-        for _ in range(self.depth):
-            left = 2 * nodes
-            left_sum = self.nodes[left]
-            go_right = (mass >= left_sum) & (self.nodes[left + 1] > 0)
-            mass = np.where(go_right, mass - left_sum, mass)
-            nodes = left + go_right
-        return nodes - self.num_leaves
 
 
 class SequenceReplay:

@@ -3,5 +3,6 @@ concern: flag_checks.py; command_line.py (flags, --help, the flags of a resume);
 checkpoints); stop_signals.py; run_folder.py (folder, device, start-up block); checkpoint_files.py; episode_scores.py
 (true scores, progress line); model_files.py (--save-model, --eval-only); environments.py (video env, the envs'
 rebuild on resume); quiet_start.py (signals while a script loads); minatar.py (MinAtar's games through gymnasium).
-Two pieces of model code, kept out of the scripts only for speed: flat_radam.py (pqn.py's optimizer) and
-lstm_unroll.py (the recurrent IQN scripts' LSTM unroll)."""
+segment_tree.py: the sum and min trees under the prioritized replay buffers, which stay in the scripts. Two pieces
+of model code, kept out of the scripts only for speed: flat_radam.py (pqn.py's optimizer) and lstm_unroll.py (the
+recurrent IQN scripts' LSTM unroll)."""

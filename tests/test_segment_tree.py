@@ -1,6 +1,5 @@
-"""The segment tree of prioritized replay. Scripts are standalone, so every script that samples by priority holds its
-own copy of one `SegmentTree` class; the first test fails as soon as one copy differs from the others by a character,
-so a fix made in one script has to reach them all. The copies being identical, the others test one of them."""
+"""The segment tree of prioritized replay (cleanrl_q_utils/segment_tree.py): one class for every script that samples
+by priority, against plain sums and minima, and no script with a tree of its own."""
 
 import ast
 import pathlib
@@ -8,30 +7,19 @@ import pathlib
 import numpy as np
 import pytest
 
-from cleanrl.dqn_dueling_per import SegmentTree
+from cleanrl_q_utils.segment_tree import SegmentTree
 
 SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "cleanrl"
 PRIORITIZED = ["dqn_dueling_per", "r2d2", "r2d2_atari", "recurrent_iqn", "recurrent_iqn_atari"]
 
 
-def tree_classes(path: pathlib.Path) -> dict:
-    """Source text of every top-level class of a script whose name ends in 'Tree'."""
-    source = path.read_text()
-    nodes = ast.parse(source).body
-    return {
-        n.name: ast.get_source_segment(source, n) for n in nodes if isinstance(n, ast.ClassDef) and n.name.endswith("Tree")
-    }
-
-
-def test_every_script_holds_the_same_segment_tree():
-    copies = {path.stem: tree_classes(path) for path in sorted(SCRIPTS.glob("*.py"))}
-    copies = {name: classes for name, classes in copies.items() if classes}
-    assert sorted(copies) == sorted(PRIORITIZED)
-    for name, classes in copies.items():
-        assert list(classes) == ["SegmentTree"], f"{name}.py has a tree of its own: {list(classes)}"
-    reference = copies["dqn_dueling_per"]["SegmentTree"]
-    drifted = [name for name, classes in copies.items() if classes["SegmentTree"] != reference]
-    assert not drifted, f"SegmentTree in {drifted} differs from dqn_dueling_per.py's: make every copy the same"
+def test_every_prioritized_script_uses_the_one_segment_tree():
+    for path in sorted(SCRIPTS.glob("*.py")):
+        source = path.read_text()
+        own = [n.name for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name.endswith("Tree")]
+        assert not own, f"{path.name} defines a tree of its own ({own}): use cleanrl_q_utils.segment_tree"
+        uses = "from cleanrl_q_utils.segment_tree import SegmentTree" in source
+        assert uses == (path.stem in PRIORITIZED), path.name
 
 
 def test_segment_tree_matches_plain_sum_and_min_with_duplicate_indices():
