@@ -142,6 +142,27 @@ def check_writable_home(run_dir: str) -> None:
         stop_on_disk_error(f"error: cannot write to the run folder {run_dir} (read-only); resume where you can write")
 
 
+def open_run_folder(args, checkpoint: Optional[dict]) -> tuple[str, str, bool, int]:
+    """(name, folder, created, lock) of a run: a new folder for a new run; for a resume the run's own folder (see
+    `resumed_run_dir`), refused if it is read-only or holds a newer checkpoint of the run. The folder is locked."""
+    if checkpoint is None:
+        name = new_run_name(args)
+        folder, created = f"runs/{name}", True
+    else:
+        name, folder = checkpoint["run_name"], resumed_run_dir(args.resume, checkpoint)
+        check_writable_home(folder)
+        created = not os.path.isdir(folder)
+        make_run_dir(folder, exist_ok=True)
+    lock = lock_run_dir(folder)
+    if checkpoint is not None:
+        try:
+            check_newer_checkpoint(f"{folder}/checkpoint.pt", args.resume, checkpoint)
+        except BaseException:
+            os.close(lock)
+            raise
+    return name, folder, created, lock
+
+
 def print_start_block(args, script: str, run_dir: str, checkpoint, device: torch.device, setting: dict) -> None:
     """The start-up block, printed before anything slow: what runs, where it logs, on what."""
     name = os.path.basename(script)

@@ -53,7 +53,7 @@ class Run:
         self.script = os.path.abspath(script)
         self.start_time, self.eval_scores, self.lock, self.writer = time.time(), None, None, None
         self.learning_resumes_at = None  # set by note_empty_replay
-        self.stopped, self.created, self.last_checkpoint = False, checkpoint is None, None
+        self.stopped, self.created, self.last_checkpoint, self.dir = False, False, None, None
         self.global_step = self.start_step = checkpoint["global_step"] if checkpoint else 0  # last step checkpoint_or_stop saw
         # The step at which the current envs started their first games: 0, or that of the last --resume-fresh-envs.
         # They are seeded with seed + that step (envpool takes 31-bit seeds), so that new games are not the first ones.
@@ -67,30 +67,15 @@ class Run:
         # error reaches this thread (and `__exit__`, which says it in one line).
         self.previous_excepthook, threading.excepthook = threading.excepthook, self._thread_exception
         try:
-            self.open_run_dir(checkpoint)
+            self.name, self.dir, self.created, self.lock = run_folder.open_run_folder(args, checkpoint)
+            self.checkpoint_path = f"{self.dir}/checkpoint.pt"
+            self.last_checkpoint = args.resume if checkpoint else None  # the newest one, checked by open_run_folder
             self.start_logs(checkpoint)
         except BaseException as error:  # a signal or an error while starting: nothing of this run is left half made
             self.__exit__(type(error), error, None)
             raise
         # Seeded last, just before the script builds its envs and networks: those draws repeat with the seed.
         run_folder.seed_everything(args.seed, getattr(args, "torch_deterministic", True))
-
-    def open_run_dir(self, checkpoint: Optional[dict]) -> None:
-        args = self.args
-        if checkpoint is None:
-            self.name = run_folder.new_run_name(args)
-            self.dir = f"runs/{self.name}"
-        else:
-            self.name, self.dir = checkpoint["run_name"], run_folder.resumed_run_dir(args.resume, checkpoint)
-            run_folder.check_writable_home(self.dir)
-            self.created = not os.path.isdir(self.dir)
-            run_folder.make_run_dir(self.dir, exist_ok=True)
-        self.lock = run_folder.lock_run_dir(self.dir)
-        self.checkpoint_path = f"{self.dir}/checkpoint.pt"
-        self.last_checkpoint = None
-        if checkpoint is not None:
-            run_folder.check_newer_checkpoint(self.checkpoint_path, args.resume, checkpoint)
-            self.last_checkpoint = args.resume
 
     def start_logs(self, checkpoint: Optional[dict]) -> None:
         args = self.args
