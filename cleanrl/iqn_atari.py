@@ -391,7 +391,7 @@ def main(args: Args) -> list[float]:
         is_first = np.ones(args.num_envs, dtype=bool)  # o_t is the first observation of a game (not of a life)
         is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
         next_is_first = np.zeros(args.num_envs, dtype=bool)  # the observation after that reset step starts a game
-        iteration = updates = 0
+        iteration, updates, learn_after = 0, 0, args.learning_starts  # updates run once global_step > learn_after
 
         def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
             learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
@@ -399,7 +399,6 @@ def main(args: Args) -> list[float]:
             logs = dict(iteration=iterations_done, stats=stats, rng=rng, action_log=action_log[:iterations_done])
             return learner | actors | logs | ({"rb": rb} if args.checkpoint_replay else {})  # the replay is optional
 
-        learn_after = args.learning_starts  # global_step after which updates run
         if checkpoint:
             saved = run.restore(checkpoint_state())
             iteration, updates = saved["iteration"], saved["updates"]
@@ -411,23 +410,20 @@ def main(args: Args) -> list[float]:
                 rb.add_history(obs)
                 learn_after = iteration * args.num_envs + args.learning_starts
                 run.note_empty_replay(learn_after)
-        global_step = iteration * args.num_envs
-        progress = run.progress(global_step)
-        while global_step < args.total_timesteps:
-            global_step += args.num_envs
+        progress = run.progress(iteration * args.num_envs)
+        for iteration in range(iteration + 1, num_iterations + 1):
+            global_step = iteration * args.num_envs
             decay_steps = args.exploration_fraction * args.total_timesteps
             epsilon = linear_schedule(args.start_e, args.end_e, decay_steps, global_step, args.learning_starts)
             actions = act(q_network, obs, epsilon, args.num_quantile_samples, warm_up=global_step <= args.learning_starts)
-            action_log[iteration] = actions
-            iteration += 1
+            action_log[iteration - 1] = actions
             next_obs, rewards, terminated, truncated, infos = envs.step(actions)
             terminated = environments.terminated_at_step_cap(terminated, truncated, infos)  # a game over on the capped step
             # NEXT_STEP autoreset: after a last step, envpool's next step is a reset step, never a transition.
             rb.add(obs[:, -1], is_first, actions, rewards, terminated, valid=~is_reset_step)
             game_over = infos["terminated"].astype(bool) | truncated  # true game scores: all lives, raw, time-outs too
             stats.update(infos["reward"], is_reset_step, game_over, run.writer, global_step)
-            is_first, is_reset_step, next_is_first = next_is_first, terminated | truncated, game_over
-            obs = next_obs
+            obs, is_first, is_reset_step, next_is_first = next_obs, next_is_first, terminated | truncated, game_over
 
             if global_step > learn_after:
                 if args.anneal_lr:
@@ -450,7 +446,7 @@ def main(args: Args) -> list[float]:
 
             progress.print(global_step, stats.recent)
             if run.checkpoint_or_stop(
-                global_step, args.num_envs, global_step >= args.total_timesteps, lambda: checkpoint_state(iteration)
+                global_step, args.num_envs, iteration == num_iterations, lambda: checkpoint_state(iteration)
             ):
                 break
 
