@@ -227,9 +227,8 @@ class ReplayBuffer:
     def sample(self, batch_size: int) -> Batch:
         # Logical steps whose whole stack is still stored and whose successor o_{t+1} is already written.
         low = max(0, self.num_added - self.ring + self.stack_num - 1)
-        env = self.rng.integers(self.num_envs, size=batch_size)
-        t = self.rng.integers(low, self.num_added - 1, size=batch_size)
-        invalid = ~self.valid[env, t % self.ring]
+        env, t = np.zeros(batch_size, dtype=np.int64), np.zeros(batch_size, dtype=np.int64)
+        invalid = np.ones(batch_size, dtype=bool)
         while invalid.any():  # rejection keeps sampling uniform over real transitions, O(1) expected per item
             env[invalid] = self.rng.integers(self.num_envs, size=invalid.sum())
             t[invalid] = self.rng.integers(low, self.num_added - 1, size=invalid.sum())
