@@ -142,11 +142,8 @@ def cosine_embedding(taus: torch.Tensor, embedding_dim: int) -> torch.Tensor:
 
 
 class QuantileNetwork(nn.Module):
-    """Z(x, tau) = head(psi(x) * phi(tau)): the tau-quantiles of the return of every action.
-
-    x (B, *obs_shape) and taus (B, N) -> (B, N, num_actions). The state features psi(x) are computed once per state
-    and multiplied element-wise by the embedding phi(tau) = ReLU(Linear(cos(pi i tau))) of each quantile level.
-    """
+    """Z(x, tau) = head(psi(x) * phi(tau)), the tau-quantiles of every action's return: x (B, *obs_shape) and taus (B, N)
+    -> (B, N, num_actions). psi(x) is computed once per state, phi(tau) = ReLU(Linear(cos(pi i tau))) once per level."""
 
     def __init__(self, num_actions: int, embedding_dim: int, hidden_size: int):
         super().__init__()
@@ -197,8 +194,8 @@ class ReplayBuffer:
     """
 
     def __init__(self, capacity, num_envs, frame_shape, stack_num, device, rng, n_step=1, gamma=0.99):
-        self.ring, self.n_step, self.gamma = capacity // num_envs, n_step, gamma
-        self.num_envs, self.stack_num, self.device, self.rng = num_envs, stack_num, device, rng
+        self.ring, self.stack_num = capacity // num_envs, stack_num
+        self.num_envs, self.device, self.rng, self.n_step, self.gamma = num_envs, device, rng, n_step, gamma
         self.frames = np.zeros((num_envs, self.ring, *frame_shape), dtype=np.uint8)
         self.game_start = np.zeros((num_envs, self.ring), dtype=bool)
         self.actions = np.zeros((num_envs, self.ring), dtype=np.int64)
