@@ -351,8 +351,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     obs, _ = envs.reset(seed=seed) if args.capture_video else envs.reset()
     stats, is_reset_step = episode_scores.EpisodeStats(1), np.zeros(1, dtype=bool)
     while len(stats.scores) < args.eval_episodes:
-        actions = act(model, obs, args.eval_epsilon, args.num_quantile_samples)
-        obs, rewards, terminated, truncated, infos = envs.step(actions)
+        obs, rewards, terminated, truncated, infos = envs.step(act(model, obs, args.eval_epsilon, args.num_quantile_samples))
         game_over = terminated | truncated  # ale-py: a lost life ends no episode
         if not args.capture_video:  # envpool: a lost life ends an episode; raw rewards and the game's end are in info
             rewards, game_over = infos["reward"], infos["terminated"].astype(bool) | truncated
