@@ -142,11 +142,8 @@ def cosine_embedding(taus: torch.Tensor, embedding_dim: int) -> torch.Tensor:
 
 
 class QuantileNetwork(nn.Module):
-    """Z(x, tau) = head(psi(x) * phi(tau)): the tau-quantiles of the return of every action.
-
-    x (B, *obs_shape) and taus (B, N) -> (B, N, num_actions). The state features psi(x) are computed once per state
-    and multiplied element-wise by the embedding phi(tau) = ReLU(Linear(cos(pi i tau))) of each quantile level.
-    """
+    """Z(x, tau) = head(psi(x) * phi(tau)), the tau-quantiles of every action's return: x (B, *obs_shape) and taus (B, N)
+    -> (B, N, num_actions). psi(x) is computed once per state, phi(tau) = ReLU(Linear(cos(pi i tau))) once per level."""
 
     def __init__(self, num_actions: int, embedding_dim: int, hidden_size: int):
         super().__init__()
@@ -197,8 +194,8 @@ class ReplayBuffer:
     """
 
     def __init__(self, capacity, num_envs, frame_shape, stack_num, device, rng, n_step=1, gamma=0.99):
-        self.ring, self.n_step, self.gamma = capacity // num_envs, n_step, gamma
-        self.num_envs, self.stack_num, self.device, self.rng = num_envs, stack_num, device, rng
+        self.ring, self.stack_num = capacity // num_envs, stack_num
+        self.num_envs, self.device, self.rng, self.n_step, self.gamma = num_envs, device, rng, n_step, gamma
         self.frames = np.zeros((num_envs, self.ring, *frame_shape), dtype=np.uint8)
         self.game_start = np.zeros((num_envs, self.ring), dtype=bool)
         self.actions = np.zeros((num_envs, self.ring), dtype=np.int64)
@@ -227,9 +224,8 @@ class ReplayBuffer:
     def sample(self, batch_size: int) -> Batch:
         # Logical steps whose whole stack is still stored and whose successor o_{t+1} is already written.
         low = max(0, self.num_added - self.ring + self.stack_num - 1)
-        env = self.rng.integers(self.num_envs, size=batch_size)
-        t = self.rng.integers(low, self.num_added - 1, size=batch_size)
-        invalid = ~self.valid[env, t % self.ring]
+        env, t = np.zeros(batch_size, dtype=np.int64), np.zeros(batch_size, dtype=np.int64)
+        invalid = np.ones(batch_size, dtype=bool)
         while invalid.any():  # rejection keeps sampling uniform over real transitions, O(1) expected per item
             env[invalid] = self.rng.integers(self.num_envs, size=invalid.sum())
             t[invalid] = self.rng.integers(low, self.num_added - 1, size=invalid.sum())
@@ -355,8 +351,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     obs, _ = envs.reset(seed=seed) if args.capture_video else envs.reset()
     stats, is_reset_step = episode_scores.EpisodeStats(1), np.zeros(1, dtype=bool)
     while len(stats.scores) < args.eval_episodes:
-        actions = act(model, obs, args.eval_epsilon, args.num_quantile_samples)
-        obs, rewards, terminated, truncated, infos = envs.step(actions)
+        obs, rewards, terminated, truncated, infos = envs.step(act(model, obs, args.eval_epsilon, args.num_quantile_samples))
         game_over = terminated | truncated  # ale-py: a lost life ends no episode
         if not args.capture_video:  # envpool: a lost life ends an episode; raw rewards and the game's end are in info
             rewards, game_over = infos["reward"], infos["terminated"].astype(bool) | truncated
@@ -391,7 +386,7 @@ def main(args: Args) -> list[float]:
         is_first = np.ones(args.num_envs, dtype=bool)  # o_t is the first observation of a game (not of a life)
         is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
         next_is_first = np.zeros(args.num_envs, dtype=bool)  # the observation after that reset step starts a game
-        iteration = updates = 0
+        iteration, updates, learn_after = 0, 0, args.learning_starts  # updates run once global_step > learn_after
 
         def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
             learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
@@ -399,7 +394,6 @@ def main(args: Args) -> list[float]:
             logs = dict(iteration=iterations_done, stats=stats, rng=rng, action_log=action_log[:iterations_done])
             return learner | actors | logs | ({"rb": rb} if args.checkpoint_replay else {})  # the replay is optional
 
-        learn_after = args.learning_starts  # global_step after which updates run
         if checkpoint:
             saved = run.restore(checkpoint_state())
             iteration, updates = saved["iteration"], saved["updates"]
@@ -411,23 +405,20 @@ def main(args: Args) -> list[float]:
                 rb.add_history(obs)
                 learn_after = iteration * args.num_envs + args.learning_starts
                 run.note_empty_replay(learn_after)
-        global_step = iteration * args.num_envs
-        progress = run.progress(global_step)
-        while global_step < args.total_timesteps:
-            global_step += args.num_envs
+        progress = run.progress(iteration * args.num_envs)
+        for iteration in range(iteration + 1, num_iterations + 1):
+            global_step = iteration * args.num_envs
             decay_steps = args.exploration_fraction * args.total_timesteps
             epsilon = linear_schedule(args.start_e, args.end_e, decay_steps, global_step, args.learning_starts)
             actions = act(q_network, obs, epsilon, args.num_quantile_samples, warm_up=global_step <= args.learning_starts)
-            action_log[iteration] = actions
-            iteration += 1
+            action_log[iteration - 1] = actions
             next_obs, rewards, terminated, truncated, infos = envs.step(actions)
             terminated = environments.terminated_at_step_cap(terminated, truncated, infos)  # a game over on the capped step
             # NEXT_STEP autoreset: after a last step, envpool's next step is a reset step, never a transition.
             rb.add(obs[:, -1], is_first, actions, rewards, terminated, valid=~is_reset_step)
             game_over = infos["terminated"].astype(bool) | truncated  # true game scores: all lives, raw, time-outs too
             stats.update(infos["reward"], is_reset_step, game_over, run.writer, global_step)
-            is_first, is_reset_step, next_is_first = next_is_first, terminated | truncated, game_over
-            obs = next_obs
+            obs, is_first, is_reset_step, next_is_first = next_obs, next_is_first, terminated | truncated, game_over
 
             if global_step > learn_after:
                 if args.anneal_lr:
@@ -450,7 +441,7 @@ def main(args: Args) -> list[float]:
 
             progress.print(global_step, stats.recent)
             if run.checkpoint_or_stop(
-                global_step, args.num_envs, global_step >= args.total_timesteps, lambda: checkpoint_state(iteration)
+                global_step, args.num_envs, iteration == num_iterations, lambda: checkpoint_state(iteration)
             ):
                 break
 
