@@ -6,14 +6,14 @@
     validate_args(args)  # flag ranges (flag_checks), then the script's own cross-flag rules
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:  # start-up block, logs, signals
         ...build envs, networks, buffers on run.device (the generators are seeded)...
-        def checkpoint_state(): return {...}  # everything a resumed run needs, listed once
+        def checkpoint_state(iterations_done=num_iterations): return learner | actors | logs  # all a resume needs
         if checkpoint:
             saved = run.restore(checkpoint_state())  # in place; the script takes its plain numbers from `saved`
             envs, obs = run.fast_forward(envs, action_log, obs, stats)  # and sets its own flags for fresh envs
         progress = run.progress(global_step)
         for ...:
             ...
-            if run.checkpoint_or_stop(global_step, steps_this_iteration, is_last, checkpoint_state):
+            if run.checkpoint_or_stop(global_step, steps_this_iteration, is_last, lambda: checkpoint_state(iteration)):
                 break
         if args.save_model and not run.stopped:
             run.save_and_evaluate(q_network, evaluate, run.device)
