@@ -1,5 +1,5 @@
-"""Imports the tests share: a script of cleanrl/ by its name, and a file that is not part of a package (the tools in
-benchmark/, the docs hooks, launch.py)."""
+"""Helpers the tests share: imports of a script of cleanrl/ by its name and of a file that is not part of a package
+(the tools in benchmark/, the docs hooks, launch.py), and the run folder and checkpoint a script wrote under runs/."""
 
 import importlib
 import importlib.util
@@ -23,3 +23,19 @@ def import_file(path: Path, module_name: str) -> ModuleType:
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def run_dir_of(root: str | Path = ".") -> Path:
+    """The run folder under root/runs, relative when `root` is (the default: the working directory); fails, naming
+    what is there, unless runs/ holds exactly that one folder."""
+    runs = Path(root, "runs")
+    found = sorted(runs.iterdir()) if runs.is_dir() else []
+    assert len(found) == 1 and found[0].is_dir(), f"expected one run folder in {runs}, found {[p.name for p in found]}"
+    return found[0]
+
+
+def checkpoint_of(root: str | Path = ".") -> Path:
+    """The checkpoint.pt of the one run under root/runs (see run_dir_of); fails unless it was written."""
+    path = run_dir_of(root) / "checkpoint.pt"
+    assert path.is_file(), f"no checkpoint written: {path}"
+    return path

@@ -12,14 +12,9 @@ import cleanrl.dqn_dueling_per as script
 from cleanrl.dqn_dueling_per import Args, NStepWindow, PrioritizedReplayBuffer, main, replay_memory_bytes
 from cleanrl_q_utils.checkpoint_files import content_digest, read_checkpoint, to_safe
 
+from helpers import checkpoint_of
 from interrupts import interrupt_at_step, run_until_stopped
 from tiny import tiny
-
-
-def only_checkpoint():
-    paths = glob.glob("runs/*/checkpoint.pt")
-    assert len(paths) == 1, paths
-    return paths[0]
 
 
 def test_sigint_writes_a_checkpoint_and_stops(tmp_path, monkeypatch):
@@ -28,7 +23,7 @@ def test_sigint_writes_a_checkpoint_and_stops(tmp_path, monkeypatch):
     handler_before = signal.getsignal(signal.SIGINT)
     run_until_stopped(main, Args(**tiny("dqn_dueling_per"), save_model=True))
     assert signal.getsignal(signal.SIGINT) is handler_before
-    checkpoint = read_checkpoint(only_checkpoint())
+    checkpoint = read_checkpoint(checkpoint_of())
     state = checkpoint["state"]
     assert checkpoint["global_step"] == 50 * 4 and state["iteration"] == 50
     assert len(state["stats"]["scores"]) > 0  # the games finished before the stop
@@ -43,13 +38,13 @@ def test_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
     scores_a = main(Args(**args))
-    final_a = read_checkpoint(only_checkpoint())
+    final_a = read_checkpoint(checkpoint_of())
 
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, script, 240)  # step 960: between two periodic checkpoints
         run_until_stopped(main, Args(**args))
-    path = only_checkpoint()
+    path = str(checkpoint_of())
     assert read_checkpoint(path)["global_step"] == 960
     scores_b = main(Args(resume=path, checkpoint_every=1000))
     final_b = read_checkpoint(path)
@@ -69,7 +64,7 @@ def test_resume_without_replay_refills_the_buffer_and_finishes(tmp_path, monkeyp
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, script, 100)
         run_until_stopped(main, Args(**tiny("dqn_dueling_per")))
-    path = only_checkpoint()
+    path = str(checkpoint_of())
     loss, updates = script.weighted_huber_loss, []
     monkeypatch.setattr(script, "weighted_huber_loss", lambda *a: updates.append(1) or loss(*a))
     with pytest.raises(SystemExit, match=r"^error: --gamma=0.5: cannot change on resume \(the checkpoint has 0.99\)"):
@@ -89,7 +84,7 @@ def test_unreadable_checkpoint_is_refused(tmp_path, monkeypatch, damage):
     monkeypatch.chdir(tmp_path)
     interrupt_at_step(monkeypatch, script, 10)
     run_until_stopped(main, Args(**tiny("dqn_dueling_per"), checkpoint_replay=True))
-    path = only_checkpoint()
+    path = str(checkpoint_of())
     if damage == "old_format":
         torch.save(to_safe(dict(read_checkpoint(path), format=1)), path)
     else:
@@ -104,7 +99,7 @@ def test_diverged_environment_replay_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     interrupt_at_step(monkeypatch, script, 30)
     run_until_stopped(main, Args(**tiny("dqn_dueling_per")))
-    path = only_checkpoint()
+    path = str(checkpoint_of())
     checkpoint = read_checkpoint(path)
     checkpoint["state"]["action_log"][5] = 1 - checkpoint["state"]["action_log"][5]  # a different past
     checkpoint["digest"] = content_digest({key: value for key, value in checkpoint.items() if key != "digest"})
@@ -189,7 +184,7 @@ def test_atari_sigint_checkpoint_and_resume_smoke(tmp_path, monkeypatch):
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, script, 20)
         run_until_stopped(main, Args(**flags, checkpoint_replay=True))
-    path = only_checkpoint()
+    path = str(checkpoint_of())
     checkpoint = read_checkpoint(path)
     assert checkpoint["global_step"] == 40
     state = checkpoint["state"]
@@ -203,7 +198,7 @@ def test_tracked_resume_continues_the_same_wandb_run(offline_wandb, monkeypatch)
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, script, 20)
         run_until_stopped(main, Args(**tiny("dqn_dueling_per", total_timesteps=400), track=True))
-    path = only_checkpoint()
+    path = str(checkpoint_of())
     saved_id = read_checkpoint(path)["wandb_id"]
     assert saved_id is not None
     main(Args(resume=path, track=True, checkpoint_every=100))

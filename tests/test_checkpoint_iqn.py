@@ -9,20 +9,16 @@ import torch
 from cleanrl import iqn, iqn_atari
 from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
+from helpers import checkpoint_of, run_dir_of
 from interrupts import interrupt_at_step, run_until_stopped
 from tiny import tiny
-
-
-def checkpoint_path(root):
-    (run_dir,) = (root / "runs").iterdir()
-    return run_dir / "checkpoint.pt"
 
 
 def tb_scalars(root):
     """Every scalar (but SPS) of the one run under root/runs, as {tag: [(step, value), ...]}."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(checkpoint_path(root).parent), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(run_dir_of(root)), size_guidance={"scalars": 0})
     acc.Reload()
     tags = [tag for tag in acc.Tags()["scalars"] if tag != "charts/SPS"]
     return {tag: [(event.step, event.value) for event in acc.Scalars(tag)] for tag in tags}
@@ -35,7 +31,7 @@ def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
         interrupt_at_step(m, iqn, 50)
         run_until_stopped(iqn.main, iqn.Args(**tiny("iqn"), save_model=True))
     assert signal.getsignal(signal.SIGINT) is previous  # the handlers are given back
-    path = checkpoint_path(tmp_path)
+    path = checkpoint_of(tmp_path)
     assert not path.with_suffix(".pt.tmp").exists()
     assert not (path.parent / "iqn.cleanrl_model").exists()  # an interrupted run is not saved as a model
     ckpt, state = read_checkpoint(path), read_checkpoint(path)["state"]
@@ -50,13 +46,13 @@ def test_resume_is_bitwise_exact(tmp_path, monkeypatch):
     (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
     scores_a = iqn.main(iqn.Args(**flags))
-    final_a = read_checkpoint(checkpoint_path(tmp_path / "a"))
+    final_a = read_checkpoint(checkpoint_of(tmp_path / "a"))
 
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn, 240)
         run_until_stopped(iqn.main, iqn.Args(**flags))
-    path = checkpoint_path(tmp_path / "b")
+    path = checkpoint_of(tmp_path / "b")
     assert read_checkpoint(path)["global_step"] == 960  # interrupted before the periodic checkpoint at step 1000
     scores_b = iqn.main(iqn.Args(resume=str(path), checkpoint_every=1000, cuda=False))
     final_b = read_checkpoint(path)
@@ -79,7 +75,7 @@ def test_resume_without_replay_refills_the_buffer(tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn, 100)  # step 400: learning has started, the buffer is not stored
         run_until_stopped(iqn.main, iqn.Args(**tiny("iqn", total_timesteps=1000)))
-    path = checkpoint_path(tmp_path)
+    path = checkpoint_of(tmp_path)
     updates_before = read_checkpoint(path)["state"]["updates"]
     scores = iqn.main(iqn.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
     final = read_checkpoint(path)
@@ -102,7 +98,7 @@ def test_unreadable_checkpoint_is_refused(damage, tmp_path, monkeypatch):
         with monkeypatch.context() as m:
             interrupt_at_step(m, iqn, 3)
             run_until_stopped(iqn.main, iqn.Args(**tiny("iqn")))
-        data = checkpoint_path(tmp_path).read_bytes()
+        data = checkpoint_of(tmp_path).read_bytes()
         path.write_bytes(data[: len(data) // 2])
     elif damage == "garbage":
         path.write_bytes(np.random.default_rng(0).bytes(5000))
@@ -132,7 +128,7 @@ def test_nan_loss_stops_without_checkpointing_the_broken_network(tmp_path, monke
     # Updates at steps 204, 208, 212: the third one is poisoned; the last checkpoint is the one of step 200.
     with pytest.raises(SystemExit, match=r"non-finite loss or Q-values at step 212; last good checkpoint: runs/.*pt"):
         iqn.main(iqn.Args(**tiny("iqn"), checkpoint_every=100))
-    ckpt = read_checkpoint(checkpoint_path(tmp_path))
+    ckpt = read_checkpoint(checkpoint_of(tmp_path))
     assert ckpt["global_step"] == 200
     assert all(torch.isfinite(v).all() for v in ckpt["state"]["q_network"].values())
     calls.clear()
@@ -168,7 +164,7 @@ def test_atari_sigint_checkpoint_and_resume_without_replay(tmp_path, monkeypatch
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn_atari, 90)  # step 180: after learning started
         run_until_stopped(iqn_atari.main, iqn_atari.Args(**tiny("iqn_atari")))
-    path = checkpoint_path(tmp_path)
+    path = checkpoint_of(tmp_path)
     ckpt = read_checkpoint(path)
     assert ckpt["global_step"] == 180 and ckpt["state"]["obs"].shape == (2, 4, 84, 84) and "rb" not in ckpt["state"]
     # The resume replays the 90 logged steps of Breakout and checks that it reaches the stored frames.
@@ -182,12 +178,12 @@ def test_atari_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
     (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
     scores_a = iqn_atari.main(iqn_atari.Args(**flags))
-    final_a = read_checkpoint(checkpoint_path(tmp_path / "a"))
+    final_a = read_checkpoint(checkpoint_of(tmp_path / "a"))
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn_atari, 85)  # step 170: between updates (learning starts after step 160)
         run_until_stopped(iqn_atari.main, iqn_atari.Args(**flags))
-    path = checkpoint_path(tmp_path / "b")
+    path = checkpoint_of(tmp_path / "b")
     scores_b = iqn_atari.main(iqn_atari.Args(resume=str(path), checkpoint_every=10_000, cuda=False))
     state_a, state_b = final_a["state"], read_checkpoint(path)["state"]
     assert state_a["updates"] == state_b["updates"] > 0 and scores_a == scores_b
@@ -216,7 +212,7 @@ def test_tracked_resume_continues_the_wandb_run(offline_wandb, monkeypatch):
     with monkeypatch.context() as m:
         interrupt_at_step(m, iqn, 50)
         run_until_stopped(iqn.main, iqn.Args(**flags))
-    path = checkpoint_path(offline_wandb.parent)
+    path = checkpoint_of(offline_wandb.parent)
     run_id = read_checkpoint(path)["wandb_id"]
     assert run_id is not None
     iqn.main(iqn.Args(resume=str(path), track=True, checkpoint_every=1000, cuda=False))

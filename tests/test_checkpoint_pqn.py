@@ -11,16 +11,12 @@ import torch
 from cleanrl import pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
 from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
+from helpers import checkpoint_of, run_dir_of
 from interrupts import interrupt_at_step, run_until_stopped
 from tiny import tiny
 
 # tiny("pqn"): 4 envs x 16 steps, 64 agent steps per iteration, 32 iterations. With checkpoint_every=1024: a periodic
 # checkpoint at 1024 and one at the end.
-
-
-def only_run_dir(root: Path) -> Path:
-    (run_dir,) = (root / "runs").iterdir()
-    return run_dir
 
 
 def tb_returns(run_dir: Path) -> list[tuple[int, float]]:
@@ -36,7 +32,7 @@ def test_sigint_leaves_a_checkpoint_and_restores_handlers(monkeypatch, tmp_path)
     handler_before = signal.getsignal(signal.SIGINT)
     interrupt_at_step(monkeypatch, pqn, k=40)  # in the 3rd iteration (steps 32..47)
     run_until_stopped(pqn.main, pqn.Args(**tiny("pqn")))
-    state = read_checkpoint(only_run_dir(tmp_path) / "checkpoint.pt")
+    state = read_checkpoint(checkpoint_of(tmp_path))
     assert state["global_step"] == 3 * 64 and state["state"]["iteration"] == 3
     action_log = state["state"]["action_log"]
     assert action_log.shape == (3 * 16, 4) and action_log.dtype == np.uint8
@@ -48,13 +44,13 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(monkeypatch, tmp_path)
     (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
     scores_a = pqn.main(pqn.Args(**tiny("pqn", checkpoint_every=1024)))
-    final_a = read_checkpoint(only_run_dir(tmp_path / "a") / "checkpoint.pt")
+    final_a = read_checkpoint(checkpoint_of(tmp_path / "a"))
 
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, pqn, k=250)  # around agent step 1000
         run_until_stopped(pqn.main, pqn.Args(**tiny("pqn", checkpoint_every=1024)))
-    run_b = only_run_dir(tmp_path / "b")
+    run_b = run_dir_of(tmp_path / "b")
     assert read_checkpoint(run_b / "checkpoint.pt")["global_step"] == 1024
     # TensorBoard reads event files in name order: the wall-clock second, then a per-process writer counter that
     # sorts "10" before "9". A real resume is a later process; here, wait for the next second.
@@ -69,7 +65,7 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(monkeypatch, tmp_path)
         assert torch.equal(weight, weights_b[name]), name
     assert scores_a == scores_b and len(scores_a) > 10
     # The resumed run appends to the same TensorBoard log without duplicating the stretch before the checkpoint.
-    assert tb_returns(run_b) == tb_returns(only_run_dir(tmp_path / "a"))
+    assert tb_returns(run_b) == tb_returns(run_dir_of(tmp_path / "a"))
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "other format"])
@@ -78,7 +74,7 @@ def test_unreadable_checkpoint_gives_one_clear_message(damage, monkeypatch, tmp_
     path = tmp_path / "checkpoint.pt"
     if damage == "truncated":
         pqn.main(pqn.Args(**tiny("pqn", total_timesteps=256, checkpoint_every=128)))
-        data = (only_run_dir(tmp_path) / "checkpoint.pt").read_bytes()
+        data = checkpoint_of(tmp_path).read_bytes()
         path.write_bytes(data[: len(data) // 2])
     elif damage == "garbage":
         path.write_bytes(b"this is not a checkpoint" * 100)
@@ -113,7 +109,7 @@ def test_injected_nan_stops_with_the_step_and_last_checkpoint(monkeypatch, tmp_p
     assert "at step 192" in str(error.value)
     assert "runs/" in str(error.value) and "checkpoint.pt" in str(error.value)
     # The broken network is never written: the checkpoint is that of the 2nd iteration.
-    assert read_checkpoint(only_run_dir(tmp_path) / "checkpoint.pt")["global_step"] == 128
+    assert read_checkpoint(checkpoint_of(tmp_path))["global_step"] == 128
 
 
 @pytest.mark.parametrize("module", [pqn, pqn_atari_envpool, pqn_atari_envpool_lstm], ids=["mlp", "cnn", "lstm"])
@@ -149,13 +145,13 @@ def test_atari_sigint_checkpoint_and_exact_resume(module, monkeypatch, tmp_path)
     (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
     scores_a = module.main(module.Args(**args))
-    final_a = read_checkpoint(only_run_dir(tmp_path / "a") / "checkpoint.pt")
+    final_a = read_checkpoint(checkpoint_of(tmp_path / "a"))
 
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, module, k=5)  # in the 1st iteration
         run_until_stopped(module.main, module.Args(**args))
-    path = only_run_dir(tmp_path / "b") / "checkpoint.pt"
+    path = checkpoint_of(tmp_path / "b")
     assert read_checkpoint(path)["global_step"] == 64
     # The resume replays the 16 logged steps of real Atari envs and checks it reaches the stored observation.
     scores_b = module.main(module.Args(resume=str(path), checkpoint_every=128))
@@ -171,7 +167,7 @@ def test_tracked_resume_continues_the_same_wandb_run(offline_wandb, monkeypatch)
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, pqn, k=5)
         run_until_stopped(pqn.main, pqn.Args(**args))
-    path = only_run_dir(offline_wandb.parent) / "checkpoint.pt"
+    path = checkpoint_of(offline_wandb.parent)
     run_id = read_checkpoint(path)["wandb_id"]
     pqn.main(pqn.Args(resume=str(path), track=True, checkpoint_every=256))
     final = read_checkpoint(path)
@@ -188,7 +184,7 @@ def test_a_launcher_repeating_the_command_resumes_a_run_whose_total_was_rounded_
     monkeypatch.setattr("sys.argv", command)
     run_until_stopped(pqn.main, pqn.Args(**flags))
     assert "--total-timesteps=2000 rounded up to 2048" in capsys.readouterr().out
-    path = str(only_run_dir(tmp_path) / "checkpoint.pt")
+    path = str(checkpoint_of(tmp_path))
     assert read_checkpoint(path)["args"]["total_timesteps"] == 2048
     monkeypatch.setattr("sys.argv", [*command, "--resume", path])
     pqn.main(pqn.Args(**flags, resume=path))  # the same command and --resume, as launch.py retries a run

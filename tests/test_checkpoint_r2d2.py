@@ -10,13 +10,9 @@ import torch
 from cleanrl import r2d2, r2d2_atari
 from cleanrl_q_utils.checkpoint_files import read_checkpoint, to_safe
 
+from helpers import checkpoint_of, run_dir_of
 from interrupts import interrupt_at_step, run_until_stopped
 from tiny import tiny
-
-
-def only_checkpoint():
-    (path,) = glob.glob("runs/*/checkpoint.pt")
-    return path
 
 
 def logged_scalars():
@@ -24,8 +20,7 @@ def logged_scalars():
     of what an interrupted run logged after its checkpoint."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    (run_dir,) = glob.glob("runs/*/")
-    accumulator = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    accumulator = EventAccumulator(str(run_dir_of()), size_guidance={"scalars": 0})
     accumulator.Reload()
     tags = [tag for tag in accumulator.Tags()["scalars"] if tag != "charts/SPS"]
     return {tag: [(event.step, event.value) for event in accumulator.Scalars(tag)] for tag in tags}
@@ -37,7 +32,7 @@ def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
     previous = signal.getsignal(signal.SIGINT)
     run_until_stopped(r2d2.main, r2d2.Args(**tiny("r2d2")))
     assert signal.getsignal(signal.SIGINT) is previous  # handlers restored
-    checkpoint = read_checkpoint(only_checkpoint())
+    checkpoint = read_checkpoint(checkpoint_of())
     assert checkpoint["global_step"] == 100 * 4
     action_log = checkpoint["state"]["action_log"]
     assert action_log.shape == (100, 4) and action_log.dtype == np.uint8
@@ -50,17 +45,17 @@ def test_resumed_run_is_bitwise_identical(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
     scores_a = r2d2.main(r2d2.Args(**args))
-    final_a, logged_a = read_checkpoint(only_checkpoint()), logged_scalars()
+    final_a, logged_a = read_checkpoint(checkpoint_of()), logged_scalars()
 
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2, 237)  # step 948: learning has begun, the replay holds open windows
         run_until_stopped(r2d2.main, r2d2.Args(**args))
-    interrupted = read_checkpoint(only_checkpoint())
+    interrupted = read_checkpoint(checkpoint_of())
     assert interrupted["global_step"] == 948 and interrupted["state"]["updates"] > 0
     assert len(interrupted["state"]["rb"]["open"])
-    scores_b = r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, cuda=False))
-    final_b = read_checkpoint(only_checkpoint())
+    scores_b = r2d2.main(r2d2.Args(resume=str(checkpoint_of()), checkpoint_every=1000, cuda=False))
+    final_b = read_checkpoint(checkpoint_of())
     assert logged_scalars() == logged_a and len(logged_a["losses/td_loss"]) > 10
 
     assert final_a["global_step"] == final_b["global_step"] == 2000
@@ -78,13 +73,13 @@ def test_resume_without_replay_collects_before_learning(tmp_path, monkeypatch, c
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2, 150)
         run_until_stopped(r2d2.main, r2d2.Args(**tiny("r2d2")))
-    updates_at_stop = read_checkpoint(only_checkpoint())["state"]["updates"]
+    updates_at_stop = read_checkpoint(checkpoint_of())["state"]["updates"]
     with pytest.raises(SystemExit, match=r"^error: --buffer-size=123: cannot change on resume"):
-        r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, cuda=False, buffer_size=123))
-    scores = r2d2.main(r2d2.Args(resume=only_checkpoint(), checkpoint_every=1000, cuda=False))
+        r2d2.main(r2d2.Args(resume=str(checkpoint_of()), checkpoint_every=1000, cuda=False, buffer_size=123))
+    scores = r2d2.main(r2d2.Args(resume=str(checkpoint_of()), checkpoint_every=1000, cuda=False))
     out = capsys.readouterr().out
     assert "replaying 600 logged agent steps (150 steps of 4 envs)" in out
-    final = read_checkpoint(only_checkpoint())
+    final = read_checkpoint(checkpoint_of())
     assert final["global_step"] == 2000 and final["state"]["learn_from"] == 600 + 300
     assert final["state"]["updates"] > updates_at_stop and all(np.isfinite(scores))
 
@@ -94,10 +89,10 @@ def test_unreadable_checkpoints_stop_with_a_clear_error(tmp_path, monkeypatch):
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2, 20)
         run_until_stopped(r2d2.main, r2d2.Args(**tiny("r2d2")))
-    data = open(only_checkpoint(), "rb").read()
+    data = open(checkpoint_of(), "rb").read()
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all" * 100)
-    state = read_checkpoint(only_checkpoint())
+    state = read_checkpoint(checkpoint_of())
     torch.save(to_safe(dict(state, format=1)), tmp_path / "old_format.pt")
     torch.save(to_safe(dict(state, args=dict(state["args"], frame_stack=4))), tmp_path / "other_script.pt")
     for path in ("truncated.pt", "garbage.pt", "missing.pt", "old_format.pt", "other_script.pt"):
@@ -152,17 +147,17 @@ def test_atari_resumed_run_is_bitwise_identical(tmp_path, monkeypatch):
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
     r2d2_atari.main(r2d2_atari.Args(**args))
-    final_a, logged_a = read_checkpoint(only_checkpoint())["state"], logged_scalars()
+    final_a, logged_a = read_checkpoint(checkpoint_of())["state"], logged_scalars()
 
     monkeypatch.chdir(tmp_path / "b")
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2_atari, 80)
         run_until_stopped(r2d2_atari.main, r2d2_atari.Args(**args))
-    checkpoint = read_checkpoint(only_checkpoint())
+    checkpoint = read_checkpoint(checkpoint_of())
     assert checkpoint["global_step"] == 160 and checkpoint["state"]["updates"] > 0
     assert checkpoint["state"]["stack"].shape == (2, 4, 84, 84)
-    r2d2_atari.main(r2d2_atari.Args(resume=only_checkpoint(), checkpoint_every=10_000, cuda=False))
-    final_b = read_checkpoint(only_checkpoint())["state"]
+    r2d2_atari.main(r2d2_atari.Args(resume=str(checkpoint_of()), checkpoint_every=10_000, cuda=False))
+    final_b = read_checkpoint(checkpoint_of())["state"]
 
     for name, weight in final_a["q_network"].items():
         assert torch.equal(weight, final_b["q_network"][name]), name
@@ -184,6 +179,6 @@ def test_tracked_run_resumes_its_wandb_run(offline_wandb, monkeypatch):
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, r2d2, 20)
         run_until_stopped(r2d2.main, r2d2.Args(**tiny("r2d2", total_timesteps=400), track=True))
-    saved_id = read_checkpoint(only_checkpoint())["wandb_id"]
-    r2d2.main(r2d2.Args(resume=only_checkpoint(), track=True, cuda=False))
+    saved_id = read_checkpoint(checkpoint_of())["wandb_id"]
+    r2d2.main(r2d2.Args(resume=str(checkpoint_of()), track=True, cuda=False))
     assert ids == [(None, saved_id), (saved_id, saved_id)]

@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from cleanrl import recurrent_iqn, recurrent_iqn_atari
 from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
+from helpers import checkpoint_of
 from interrupts import interrupt_at_step, run_until_stopped
 from tiny import tiny
 
@@ -22,17 +23,12 @@ def vector_args(**kw):
     return recurrent_iqn.Args(**tiny("recurrent_iqn", **kw))
 
 
-def checkpoint_path():
-    (path,) = glob.glob("runs/*/checkpoint.pt")
-    return os.path.abspath(path)
-
-
 def test_sigint_writes_checkpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     interrupt_at_step(monkeypatch, recurrent_iqn, 50)
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     run_until_stopped(recurrent_iqn.main, vector_args(save_model=True))
-    (path,) = glob.glob("runs/*/checkpoint.pt")
+    path = str(checkpoint_of())
     checkpoint = read_checkpoint(path)
     assert checkpoint["global_step"] == 50 * 4 and checkpoint["state"]["rb"] is None
     assert not glob.glob("runs/*/*.cleanrl_model")  # an interrupted run neither saves nor evaluates the model
@@ -68,12 +64,12 @@ def test_resumed_run_is_bitwise_the_uninterrupted_run(name, tmp_path, monkeypatc
         (tmp_path / run).mkdir()
     monkeypatch.chdir(tmp_path / "a")
     returns_a = module.main(module.Args(**flags))
-    path_a = checkpoint_path()
+    path_a = str(checkpoint_of(tmp_path / "a"))
 
     monkeypatch.chdir(tmp_path / "b")
     interrupt_at_step(monkeypatch, module, interrupt_at)  # between two periodic checkpoints
     run_until_stopped(module.main, module.Args(**flags))
-    path_b = checkpoint_path()
+    path_b = str(checkpoint_of(tmp_path / "b"))
     interrupted = read_checkpoint(path_b)
     assert interrupted["global_step"] == interrupt_at * 4 and interrupted["state"]["updates"] > 0
     assert interrupted["state"]["rb"]["obs"].dtype == (torch.uint8 if module is recurrent_iqn_atari else torch.float32)
@@ -94,7 +90,7 @@ def test_resume_without_replay_waits_for_learning_starts(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     interrupt_at_step(monkeypatch, recurrent_iqn, 100)
     run_until_stopped(recurrent_iqn.main, vector_args())
-    (path,) = glob.glob("runs/*/checkpoint.pt")
+    path = str(checkpoint_of())
     assert read_checkpoint(path)["state"]["updates"] > 0
     train_step, filled = recurrent_iqn.train_step, []  # steps per environment in the replay at each update
     monkeypatch.setattr(recurrent_iqn, "train_step", lambda *a: filled.append(a[4].pos) or train_step(*a))
@@ -107,7 +103,7 @@ def test_unreadable_checkpoint_is_refused(damage, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     interrupt_at_step(monkeypatch, recurrent_iqn, 10)
     run_until_stopped(recurrent_iqn.main, vector_args(total_timesteps=400))
-    (path,) = glob.glob("runs/*/checkpoint.pt")
+    path = str(checkpoint_of())
     data = open(path, "rb").read()
     with open(path, "wb") as f:
         f.write(data[: len(data) // 2] if damage == "truncated" else b"not a checkpoint at all" * 10)

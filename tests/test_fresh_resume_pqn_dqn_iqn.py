@@ -1,8 +1,6 @@
 """--resume-fresh-envs of the PQN, dueling-PER DQN and IQN scripts: a resume that starts new games instead of stepping
 the logged actions again, where nothing a script keeps across steps may join a dropped game to a new one."""
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -10,6 +8,7 @@ import torch
 from cleanrl import dqn_dueling_per, iqn, iqn_atari, pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
 from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
+from helpers import checkpoint_of
 from interrupts import interrupt_at_step, run_until_stopped
 from tiny import tiny
 
@@ -20,7 +19,7 @@ def interrupt_then_resume_fresh(module, monkeypatch, capsys, flags: dict, k: int
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, module, k)
         run_until_stopped(module.main, module.Args(**{**flags, "cuda": False}))
-    (path,) = Path("runs").glob("*/checkpoint.pt")
+    path = checkpoint_of()
     before, make_env, steps = read_checkpoint(path), module.make_env, []
 
     class Counting:  # counts the steps the resumed run's envs really take
@@ -144,7 +143,7 @@ def test_an_exact_resume_after_a_fresh_one_replays_only_the_steps_since_the_cut(
         with monkeypatch.context() as patch:
             interrupt_at_step(patch, pqn, 40)  # in the 3rd of 16 iterations
             run_until_stopped(pqn.main, pqn.Args(**flags, cuda=False))
-        (path,) = Path("runs").glob("*/checkpoint.pt")
+        path = checkpoint_of()
         fresh = pqn.Args(resume=str(path), resume_fresh_envs=True, checkpoint_every=10**6, cuda=False)
         with monkeypatch.context() as patch:
             if second_stop:

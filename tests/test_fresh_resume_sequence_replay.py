@@ -3,8 +3,6 @@ run steps no logged action, keeps the replay written before the cut, and no trai
 last stored step ends like a time-out (targets bootstrap from the observation at the cut), the reset step there is
 never trained, and the first new step starts an episode with zeroed recurrent inputs."""
 
-import glob
-
 import numpy as np
 import pytest
 import torch
@@ -12,6 +10,7 @@ import torch
 from cleanrl import r2d2, r2d2_atari, recurrent_iqn, recurrent_iqn_atari
 from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
+from helpers import checkpoint_of
 from interrupts import interrupt_at_step, run_until_stopped
 from tiny import tiny
 
@@ -21,7 +20,7 @@ def interrupted_then_resumed_fresh(module, flags, interrupt_at, monkeypatch, cap
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, module, interrupt_at)
         run_until_stopped(module.main, module.Args(**flags))
-    (path,) = glob.glob("runs/*/checkpoint.pt")
+    path = str(checkpoint_of())
     cut = read_checkpoint(path)
     capsys.readouterr()
     module.main(module.Args(resume=path, resume_fresh_envs=True, cuda=False))

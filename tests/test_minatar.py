@@ -12,6 +12,7 @@ from benchmark_runs import load_benchmark_module
 from cleanrl import dqn_dueling_per, iqn, iqn_atari, pqn, r2d2, recurrent_iqn
 from cleanrl_q_utils import checkpoint_files, flag_checks, minatar
 
+from helpers import run_dir_of
 from interrupts import interrupt_at_step, run_until_stopped
 from learning import last_mean, passes_with_one_of
 from tiny import tiny
@@ -35,7 +36,7 @@ def test_every_vector_script_trains_on_a_minatar_game(module, monkeypatch, tmp_p
     out = capsys.readouterr().out
     assert "torso: convolutional (16 filters 3x3" in out and "10x10x4" in out
     assert len(scores) > 0 and np.all(np.isfinite(scores))
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    run_dir = run_dir_of(tmp_path)
     assert run_dir.name.startswith("MinAtar-Breakout-v0__")  # one folder, the id's slash written as a dash
     assert len(tensorboard_scalars(run_dir, "eval/episodic_return")) == 2
     loss_tag = "losses/quantile_loss" if module in (iqn, recurrent_iqn) else "losses/td_loss"
@@ -112,7 +113,7 @@ def test_a_resumed_minatar_run_is_the_uninterrupted_one(monkeypatch, tmp_path):
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, pqn, k=80)  # in the 3rd of 4 rollouts of 32 steps: stops at step 2048
         run_until_stopped(pqn.main, pqn.Args(**flags))
-    (run_dir,) = (tmp_path / "resumed" / "runs").iterdir()
+    run_dir = run_dir_of(tmp_path / "resumed")
     time.sleep(1.0)  # TensorBoard orders event files by their second
     resumed = pqn.main(pqn.Args(**flags, resume=str(run_dir / "checkpoint.pt")))
     assert resumed == whole and len(whole) > 10

@@ -23,6 +23,8 @@ from cleanrl_q_utils.episode_scores import EpisodeStats
 from cleanrl_q_utils.flag_checks import check_flags
 from cleanrl_q_utils.training_run import Run
 
+from helpers import run_dir_of
+
 FORMAT = 7
 
 
@@ -160,7 +162,7 @@ def test_a_second_signal_during_a_large_write_exits_cleanly_and_leaves_the_last_
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 128 + signal.SIGTERM
     assert "terminate called" not in process.stderr.read()  # no abort of the writing thread
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    run_dir = run_dir_of(tmp_path)
     assert [path.name for path in run_dir.iterdir() if path.suffix == ".tmp"] == []  # the partial file is removed
     assert read_checkpoint(run_dir / "checkpoint.pt")["global_step"] == 1
 
@@ -189,7 +191,7 @@ def test_a_killed_save_leaves_the_previous_checkpoint_whole(tmp_path):
         saves += process.stdout.readline().strip().isdigit()
     process.kill()
     process.wait()
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    run_dir = run_dir_of(tmp_path)
     saved = read_checkpoint(run_dir / "checkpoint.pt")
     big = saved["state"]["big"]
     assert big.numel() == 20_000_000 and bool((big == saved["global_step"]).all())

@@ -14,7 +14,7 @@ import torch
 
 from cleanrl_q_utils import episode_scores
 
-from helpers import import_script
+from helpers import checkpoint_of, import_script
 from tiny import SHORT, tiny
 
 ATARI = {name for name in SHORT if "atari" in name}
@@ -95,7 +95,7 @@ def test_classic_control_runs_do_not_warn_about_box_precision():
 def test_resume_without_the_replay_says_so_and_counts_the_replayed_agent_steps(capsys):
     iqn = import_script("iqn")
     iqn.main(iqn.Args(**tiny("iqn", short=True, total_timesteps=400, checkpoint_every=400)))
-    (path,) = glob.glob("runs/*/checkpoint.pt")
+    path = str(checkpoint_of())
     capsys.readouterr()
     iqn.main(iqn.Args(resume=path))  # the checkpoint's flags, 400 steps: a finished run
     out = capsys.readouterr().out

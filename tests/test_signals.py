@@ -13,6 +13,8 @@ import pytest
 
 from cleanrl_q_utils.checkpoint_files import read_checkpoint
 
+from helpers import run_dir_of
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -109,7 +111,7 @@ def test_a_signal_during_training_stops_after_the_step_with_a_checkpoint(tmp_pat
     out, err = process.communicate(timeout=60)
     assert process.returncode == 128 + signum and "Traceback" not in err
     assert "stopping after this step, with a checkpoint" in out and "continue the run with" in out
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    run_dir = run_dir_of(tmp_path)
     assert read_checkpoint(run_dir / "checkpoint.pt")["state"]["step"] == 3
 
 
@@ -153,7 +155,7 @@ def test_a_signal_after_training_exits_at_once_and_says_so_with_the_final_checkp
     out, err = process.communicate(timeout=60)
     assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in err
     assert "training had finished" in out and "stopping after this step" not in out and "evaluation done" not in out
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    run_dir = run_dir_of(tmp_path)
     assert read_checkpoint(run_dir / "checkpoint.pt")["global_step"] == 10
 
 
