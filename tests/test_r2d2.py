@@ -10,6 +10,7 @@ import torch
 from cleanrl import r2d2, r2d2_atari
 
 from learning import last_mean, passes_with_one_of
+from tiny import tiny
 
 MODULES = [r2d2, r2d2_atari]
 
@@ -341,24 +342,8 @@ def test_sequences_are_drawn_in_proportion_to_their_priority():
 # ---------------------------------------------------------------- runs and flags
 def test_smoke_r2d2(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = r2d2.Args(
-        total_timesteps=3000,
-        num_envs=4,
-        learning_starts=500,
-        buffer_size=4000,
-        batch_size=8,
-        seq_len=6,
-        burn_in=4,
-        sequence_period=6,
-        n_step=3,
-        lstm_size=16,
-        replay_ratio=4.0,
-        target_network_frequency=5,
-        log_interval=5,
-        mask_velocity=True,
-        save_model=True,
-        eval_episodes=2,
-    )
+    flags = tiny("r2d2", total_timesteps=3000, learning_starts=500, buffer_size=4000)
+    args = r2d2.Args(**flags, save_model=True, eval_episodes=2)
     scores = r2d2.main(args)
     assert isinstance(scores, list) and len(scores) > 10 and all(np.isfinite(scores))
     assert glob.glob("runs/CartPole-v1__r2d2__1__*/events.out.tfevents.*")
@@ -434,8 +419,6 @@ def test_learns_velocity_hidden_cartpole(tmp_path, monkeypatch):
 @pytest.mark.parametrize("module", [r2d2, r2d2_atari], ids=["r2d2", "r2d2_atari"])
 def test_no_burn_in_trains_from_the_stored_state(module, monkeypatch, tmp_path):
     """--burn-in 0 ("off"): the trained steps start from the state stored with the sequence, no prefix is unrolled."""
-    from tiny import tiny
-
     monkeypatch.chdir(tmp_path)
     scores = module.main(module.Args(**tiny(module, burn_in=0)))
     assert glob.glob("runs/*/events.out.tfevents.*") and isinstance(scores, list)

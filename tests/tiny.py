@@ -171,20 +171,8 @@ SHORT = {
         hidden_size=8,
         quantile_embedding_dim=6,
     ),
-    "recurrent_iqn_atari": dict(
-        total_timesteps=400,
-        num_envs=4,
-        buffer_size=400,
-        seq_len=6,
-        batch_size=4,
-        learning_starts=160,
-        burn_in=0,
-        lstm_size=8,
-        hidden_size=8,
-        quantile_embedding_dim=6,
-        max_episode_steps=80,
-    ),
 }
+SHORT["recurrent_iqn_atari"] = dict(SHORT["recurrent_iqn"], max_episode_steps=80)
 
 MINATAR = {  # a few thousand steps with learning in them
     "pqn": dict(total_timesteps=2048, num_envs=8, num_steps=32, num_minibatches=4, update_epochs=1),
