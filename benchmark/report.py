@@ -5,7 +5,9 @@
 
 Reads every run directory under `--runs-dir` whose name follows `{env_id}__{exp_name}__{seed}__{timestamp}`, with
 a `_2`, `_3`, ... suffix for runs started in the same second (the run name of every script), offline from its event
-files. The sweep reported is what `--exp-names`, `--env-ids`, `--seeds` and `--total-timesteps` ask for (all runs
+files, and every episode record `<run name>.episodes.csv.gz` there: a run's episodes as `--export-episodes` writes
+them, a few hundred kB that can be kept in the repository when the run folders are not, and reported beside new runs.
+The sweep reported is what `--exp-names`, `--env-ids`, `--seeds` and `--total-timesteps` ask for (all runs
 found when none is given); of several runs of one exp_name, env id and seed, the newest is reported. Every run found
 that is left out (another sweep's, an earlier one of the same seed, one without episodes) is named, with why, at the
 end of the report. Runs are grouped by (exp_name, env_id); each
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import re
 import sys
 import tempfile
@@ -43,6 +46,8 @@ EVAL_TAG = "eval/episodic_return"
 RUN_NAME = re.compile(r"^(?P<env_id>.+?)__(?P<exp_name>.+)__(?P<seed>-?\d+)__(?P<timestamp>\d+)(?:_(?P<suffix>\d+))?$")
 HYPERPARAMETERS_TAG = "hyperparameters/text_summary"
 HUMAN_RANDOM_CSV = Path(__file__).with_name("atari57_random_human_scores.csv")
+EPISODES_SUFFIX = ".episodes.csv.gz"
+"""the file name ending of an episode record (`write_episodes`)"""
 MIXED_LENGTHS = 0.9
 """runs of one group are of mixed lengths when the shortest ends before this fraction of the longest (the last
 episodes of runs of equal length end a little apart anyway)"""
@@ -131,9 +136,12 @@ def logged_total_timesteps(accumulator) -> int | None:
 
 
 def read_run(path: Path, quiet: bool = False) -> Run | None:
-    """Reads one run directory's event files; None (with a warning unless quiet) when it logged no episode."""
+    """Reads one run directory's event files, or an episode record; None (with a warning unless quiet) when it
+    logged no episode."""
     from tensorboard.backend.event_processing import event_accumulator as ea
 
+    if path.name.endswith(EPISODES_SUFFIX):
+        return read_episodes(path)
     identity = parse_run_name(path.name)
     # size 0 keeps every scalar (the default keeps a random sample of 10k, which would bias the last-100 mean).
     # Purging drops what a run killed after its last checkpoint had logged past it, which the resumed run logged again
@@ -165,14 +173,65 @@ def read_run(path: Path, quiet: bool = False) -> Run | None:
     )
 
 
+def run_name_of(path: Path) -> str:
+    """The run name of a run directory or of an episode record."""
+    return path.name.removesuffix(EPISODES_SUFFIX)
+
+
+def write_episodes(run: Run, folder: Path) -> Path:
+    """Writes `run` as `<folder>/<run name>.episodes.csv.gz`, which `read_run` reads back as the same `Run`: a comment
+    line with the wall-clock runtime and --total-timesteps, then `kind,step,return` rows, `train` for each training
+    episode (the step it ended at) and `eval` for each evaluation episode (its index). Values are written with
+    `repr`, so they read back bitwise; the gzip header holds no time, so the same run gives the same bytes."""
+    rows = [f"train,{step},{value!r}" for step, value in zip(run.steps.tolist(), run.returns.tolist())]
+    rows += [f"eval,{index},{value!r}" for index, value in enumerate(run.eval_returns.tolist())]
+    header = f"# runtime_s={run.runtime_s!r} total_timesteps={run.total_timesteps}"
+    path = folder / f"{run_name_of(run.path)}{EPISODES_SUFFIX}"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as file, gzip.GzipFile(fileobj=file, mode="wb", mtime=0, filename="") as packed:
+        packed.write("\n".join([header, "kind,step,return", *rows, ""]).encode())
+    return path
+
+
+def read_episodes(path: Path) -> Run:
+    """The `Run` of an episode record written by `write_episodes`."""
+    identity = parse_run_name(run_name_of(path))
+    header, columns, *rows = gzip.decompress(path.read_bytes()).decode().splitlines() + ["", ""]
+    fields = dict(item.partition("=")[::2] for item in header.removeprefix("#").split())
+    if columns != "kind,step,return" or set(fields) != {"runtime_s", "total_timesteps"}:
+        raise ValueError(f"{path}: not an episode record (expected the header of write_episodes)")
+    rows = [row for row in rows if row]
+    episodes = {"train": ([], []), "eval": ([], [])}
+    for row in rows:
+        kind, step, value = row.split(",")
+        episodes[kind][0].append(int(step))
+        episodes[kind][1].append(float(value))
+    return Run(
+        env_id=identity["env_id"],
+        exp_name=identity["exp_name"],
+        seed=identity["seed"],
+        path=path,
+        steps=np.array(episodes["train"][0], dtype=np.int64),
+        returns=np.array(episodes["train"][1], dtype=np.float64),
+        runtime_s=float(fields["runtime_s"]),
+        eval_returns=np.array(episodes["eval"][1], dtype=np.float64),
+        total_timesteps=None if fields["total_timesteps"] == "None" else int(fields["total_timesteps"]),
+    )
+
+
 def find_run_dirs(runs_dirs: list[Path]) -> list[Path]:
-    """Directories below `runs_dirs` that hold event files and are named like a run."""
-    found = set()
+    """Directories below `runs_dirs` that hold event files and are named like a run, and the episode records there;
+    a record of a run whose directory is found too is left aside (it holds the same episodes)."""
+    found, records = set(), set()
     for root in runs_dirs:
         for event_file in root.rglob("events.out.tfevents.*"):
             if parse_run_name(event_file.parent.name) is not None:
                 found.add(event_file.parent)
-    return sorted(found)
+        for record in root.rglob(f"*{EPISODES_SUFFIX}"):
+            if parse_run_name(run_name_of(record)) is not None:
+                records.add(record)
+    names = {path.name for path in found}
+    return sorted(found | {record for record in records if run_name_of(record) not in names})
 
 
 def select_runs(
@@ -189,7 +248,7 @@ def select_runs(
     env id and seed (an earlier sweep's left in the same runs/), the newest is the sweep's."""
     left_out, candidates = [], []
     for path in find_run_dirs(runs_dirs):
-        identity = parse_run_name(path.name)
+        identity = parse_run_name(run_name_of(path))
         if exp_names and identity["exp_name"] not in exp_names:
             left_out.append((path, f"exp_name {identity['exp_name']} not asked for"))
         elif env_ids and identity["env_id"] not in env_ids:
@@ -551,6 +610,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--scores-csv", type=Path, default=HUMAN_RANDOM_CSV, help="random and human scores per Atari game")
     parser.add_argument("--no-plot", action="store_true", help="write only the markdown")
+    parser.add_argument(
+        "--export-episodes",
+        type=Path,
+        default=None,
+        help="also write each reported run's episodes to DIR/<run name>.episodes.csv.gz, which --runs-dir reads back",
+    )
     args = parser.parse_args(argv)
     for flag in ("last_episodes", "smoothing_window", "num_points", "bootstrap_reps", "total_timesteps"):
         value = getattr(args, flag)
@@ -559,6 +624,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if not is_plain_name(args.name):
         fail(f"--name={args.name}: must be a file name stem (no /)")
     check_writable(args.output_dir)
+    if args.export_episodes is not None:
+        check_writable(args.export_episodes, "--export-episodes")
     return args
 
 
@@ -566,14 +633,14 @@ def is_plain_name(name: str) -> bool:
     return bool(name) and "/" not in name and name not in (".", "..")
 
 
-def check_writable(output_dir: Path) -> None:
+def check_writable(output_dir: Path, flag: str = "--output-dir") -> None:
     """Stops before reading any run when the report could not be written (a read-only or unmakeable folder)."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=output_dir):
             pass
     except OSError as error:
-        fail(f"--output-dir={output_dir}: cannot write there ({error.strerror}); choose a folder you can write to")
+        fail(f"{flag}={output_dir}: cannot write there ({error.strerror}); choose a folder you can write to")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -608,6 +675,9 @@ def main(argv: list[str] | None = None) -> int:
         curves_path = args.output_dir / f"{args.name}_curves.png"
         plot_learning_curves(runs, exp_names, env_ids, curves_path, args.num_points, args.smoothing_window, scores_table)
         sections.append(f"Learning curves: `{curves_path}`")
+    if args.export_episodes is not None:
+        records = [write_episodes(run, args.export_episodes) for run in runs]
+        sections.append(f"Episode records: {count(len(records), 'run')} in `{args.export_episodes}`")
     if left_out:
         sections.append(left_out_markdown(left_out))
 

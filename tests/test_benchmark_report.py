@@ -1,6 +1,7 @@
 """Tests of benchmark/report.py and benchmark/launch.py: on synthetic TensorBoard logs with known values (the
 arithmetic), and on the run folders and console output of real short runs of cleanrl/pqn.py (what the tools read)."""
 
+import gzip
 import subprocess
 import sys
 import time
@@ -130,6 +131,46 @@ def test_final_performance_table(runs_dir):
     assert "| CartPole-v1 | 3 (1, 2, 3); 15,000 | - |" in markdown
     # Pong: seeds at hns 0 and 1 are the random (-20.7) and human (14.6) scores: mean -3.05, std 17.65
     assert "| Pong-v5 | - | -3.05 ± 17.65 |" in markdown
+
+
+def test_an_episode_record_reads_back_as_the_run_it_was_written_from(runs_dir, tmp_path):
+    """The record of a run (what the repository keeps of a benchmark run) holds every field the report uses, bitwise,
+    and is the same bytes when written twice."""
+    (path,) = [p for p in report.find_run_dirs([runs_dir]) if p.name.startswith("CartPole-v1__pqn__2__")]
+    run = report.read_run(path)
+    run.returns[3] = 0.1 + 1e-9  # a value with no short decimal form; the written ones are float32
+    run.total_timesteps = 15000
+    record = report.write_episodes(run, tmp_path / "records")
+    assert record.name == path.name + ".episodes.csv.gz"
+    again = report.read_run(record)
+    assert (again.env_id, again.exp_name, again.seed, again.path) == ("CartPole-v1", "pqn", 2, record)
+    for field in ("steps", "returns", "eval_returns"):
+        np.testing.assert_array_equal(getattr(again, field), getattr(run, field))
+        assert getattr(again, field).dtype == getattr(run, field).dtype
+    assert (again.runtime_s, again.total_timesteps) == (run.runtime_s, 15000)
+    first = record.read_bytes()
+    assert report.write_episodes(again, tmp_path / "records").read_bytes() == first
+    not_a_record = tmp_path / "other" / record.name
+    not_a_record.parent.mkdir()
+    not_a_record.write_bytes(gzip.compress(b"step,return\n1,2\n"))
+    with pytest.raises(ValueError, match="not an episode record"):
+        report.read_run(not_a_record)
+
+
+def test_a_report_from_episode_records_is_the_report_from_the_run_folders(runs_dir, tmp_path):
+    """--export-episodes writes the records of the reported runs; reported from the records alone, the tables are the
+    same, and a record beside its own run folder is not counted twice."""
+    from_folders, from_records = tmp_path / "a", tmp_path / "b"
+    common = ["--exp-names", "pqn", "--no-plot"]
+    argv = ["--runs-dir", str(runs_dir), "--output-dir", str(from_folders), "--export-episodes", str(tmp_path / "rec")]
+    assert report.main(argv + common) == 0
+    assert len(list((tmp_path / "rec").glob("*.episodes.csv.gz"))) == 3
+    assert report.main(["--runs-dir", str(tmp_path / "rec"), "--output-dir", str(from_records)] + common) == 0
+    tables = (from_folders / "results.md").read_text().split("Episode records")[0].strip()
+    assert tables == (from_records / "results.md").read_text().strip()
+    assert "| CartPole-v1 | 204.50 ± 81.65 |" in tables
+    both = report.find_run_dirs([runs_dir, tmp_path / "rec"])
+    assert not any(path.name.endswith(".episodes.csv.gz") for path in both)
 
 
 def test_atari_game_names_match_the_score_table():
