@@ -21,7 +21,8 @@ minatar 60 "MinAtar/Breakout-v0 MinAtar/SpaceInvaders-v0" "1" python cleanrl/rec
 minatar 180 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo dqn
 minatar 180 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo qrdqn
 
-after python benchmark/report.py --runs-dir runs --env-ids $GAMES --name minatar \
-    --exp-names pqn dqn_dueling_per iqn r2d2 recurrent_iqn sb3_dqn sb3_qrdqn
+# The kept episode records (benchmark/episodes/minatar) are reported beside the new runs, whose records join them.
+after python benchmark/report.py --runs-dir runs benchmark/episodes/minatar --env-ids $GAMES --name minatar \
+    --exp-names pqn dqn_dueling_per iqn r2d2 recurrent_iqn sb3_dqn sb3_qrdqn --export-episodes benchmark/episodes/minatar
 
 run_sweeps
