@@ -194,18 +194,22 @@ def write_episodes(run: Run, folder: Path) -> Path:
 
 
 def read_episodes(path: Path) -> Run:
-    """The `Run` of an episode record written by `write_episodes`."""
+    """The `Run` of an episode record written by `write_episodes`; ValueError, saying why, for any other file."""
+    try:
+        header, columns, *rows = gzip.decompress(path.read_bytes()).decode().splitlines() + ["", ""]
+        fields = dict(item.partition("=")[::2] for item in header.removeprefix("#").split())
+        if columns != "kind,step,return" or set(fields) != {"runtime_s", "total_timesteps"}:
+            raise ValueError("its header is not that of write_episodes")
+        episodes = {"train": ([], []), "eval": ([], [])}
+        for row in filter(None, rows):
+            kind, step, value = row.split(",")
+            episodes[kind][0].append(int(step))
+            episodes[kind][1].append(float(value))
+        runtime_s = float(fields["runtime_s"])
+        total_timesteps = None if fields["total_timesteps"] == "None" else int(fields["total_timesteps"])
+    except (OSError, EOFError, UnicodeDecodeError, ValueError, KeyError) as error:
+        raise ValueError(f"{path}: not an episode record ({error})") from None
     identity = parse_run_name(run_name_of(path))
-    header, columns, *rows = gzip.decompress(path.read_bytes()).decode().splitlines() + ["", ""]
-    fields = dict(item.partition("=")[::2] for item in header.removeprefix("#").split())
-    if columns != "kind,step,return" or set(fields) != {"runtime_s", "total_timesteps"}:
-        raise ValueError(f"{path}: not an episode record (expected the header of write_episodes)")
-    rows = [row for row in rows if row]
-    episodes = {"train": ([], []), "eval": ([], [])}
-    for row in rows:
-        kind, step, value = row.split(",")
-        episodes[kind][0].append(int(step))
-        episodes[kind][1].append(float(value))
     return Run(
         env_id=identity["env_id"],
         exp_name=identity["exp_name"],
@@ -213,9 +217,9 @@ def read_episodes(path: Path) -> Run:
         path=path,
         steps=np.array(episodes["train"][0], dtype=np.int64),
         returns=np.array(episodes["train"][1], dtype=np.float64),
-        runtime_s=float(fields["runtime_s"]),
+        runtime_s=runtime_s,
         eval_returns=np.array(episodes["eval"][1], dtype=np.float64),
-        total_timesteps=None if fields["total_timesteps"] == "None" else int(fields["total_timesteps"]),
+        total_timesteps=total_timesteps,
     )
 
 
@@ -256,7 +260,11 @@ def select_runs(
         elif seeds and identity["seed"] not in seeds:
             left_out.append((path, f"seed {identity['seed']} not asked for"))
         else:
-            run = read_run(path, quiet=True)
+            try:
+                run = read_run(path, quiet=True)
+            except ValueError as error:  # a damaged episode record: named, not a traceback
+                left_out.append((path, str(error).removeprefix(f"{path}: ")))
+                continue
             if run is None:
                 left_out.append((path, f"no {RETURN_TAG} logged"))
             elif total_timesteps is not None and run.total_timesteps != total_timesteps:

@@ -155,6 +155,9 @@ def test_an_episode_record_reads_back_as_the_run_it_was_written_from(runs_dir, t
     not_a_record.write_bytes(gzip.compress(b"step,return\n1,2\n"))
     with pytest.raises(ValueError, match="not an episode record"):
         report.read_run(not_a_record)
+    (tmp_path / "other" / "CartPole-v1__pqn__3__1.episodes.csv.gz").write_bytes(b"not gzip")
+    runs, left_out = report.select_runs([tmp_path / "other"])
+    assert runs == [] and [reason.split(" (")[0] for _, reason in left_out] == ["not an episode record"] * 2
 
 
 def test_a_report_from_episode_records_is_the_report_from_the_run_folders(runs_dir, tmp_path):
