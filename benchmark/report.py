@@ -138,10 +138,10 @@ def logged_total_timesteps(accumulator) -> int | None:
 def read_run(path: Path, quiet: bool = False) -> Run | None:
     """Reads one run directory's event files, or an episode record; None (with a warning unless quiet) when it
     logged no episode."""
-    from tensorboard.backend.event_processing import event_accumulator as ea
-
     if path.name.endswith(EPISODES_SUFFIX):
         return read_episodes(path)
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
     identity = parse_run_name(path.name)
     # size 0 keeps every scalar (the default keeps a random sample of 10k, which would bias the last-100 mean).
     # Purging drops what a run killed after its last checkpoint had logged past it, which the resumed run logged again
@@ -196,12 +196,12 @@ def write_episodes(run: Run, folder: Path) -> Path:
 def read_episodes(path: Path) -> Run:
     """The `Run` of an episode record written by `write_episodes`; ValueError, saying why, for any other file."""
     try:
-        header, columns, *rows = gzip.decompress(path.read_bytes()).decode().splitlines() + ["", ""]
+        header, columns, *rows = gzip.decompress(path.read_bytes()).decode().splitlines()
         fields = dict(item.partition("=")[::2] for item in header.removeprefix("#").split())
         if columns != "kind,step,return" or set(fields) != {"runtime_s", "total_timesteps"}:
             raise ValueError("its header is not that of write_episodes")
         episodes = {"train": ([], []), "eval": ([], [])}
-        for row in filter(None, rows):
+        for row in rows:
             kind, step, value = row.split(",")
             episodes[kind][0].append(int(step))
             episodes[kind][1].append(float(value))
