@@ -121,7 +121,8 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# A MinAtar id's configuration (given flags win), provisional (docs/rl-algorithms/r2d2.md): under an hour on 2 CPU cores.
+# A MinAtar id's configuration (given flags win), from a sweep on Breakout (docs/rl-algorithms/r2d2.md): under an hour
+# on 2 CPU cores.
 MINATAR_DEFAULTS = dict(
     total_timesteps=2_000_000,
     buffer_size=200_000,
@@ -130,7 +131,8 @@ MINATAR_DEFAULTS = dict(
     burn_in=10,
     sequence_period=10,
     replay_ratio=4.0,
-    learning_rate=2.5e-4,
+    # the script's learning rate, 1e-3, with a small Adam epsilon: with the paper's 1e-3 Breakout stayed near random play
+    adam_eps=1e-5,
     target_network_frequency=100,  # a copy every 16k agent steps; with 1,000 (160k) Breakout stayed at random play
     # the paper's fixed per-actor epsilons 0.4^(1 + 7i/15), as r2d2_atari.py: a base decaying to 0.01 left all but one greedy
     start_e=0.4,
