@@ -131,9 +131,9 @@ MINATAR_DEFAULTS = dict(
     burn_in=10,
     sequence_period=10,
     replay_ratio=4.0,
-    # the script's learning rate, 1e-3, with a small Adam epsilon: with the paper's 1e-3 Breakout stayed near random play
+    # the script's learning rate, 1e-3, and a small Adam epsilon: with the paper's epsilon (1e-3) Breakout stayed random
     adam_eps=1e-5,
-    target_network_frequency=100,  # a copy every 16k agent steps; with 1,000 (160k) Breakout stayed at random play
+    target_network_frequency=100,  # a copy every 16k agent steps (1,000 was tried only with Adam epsilon 1e-3)
     # the paper's fixed per-actor epsilons 0.4^(1 + 7i/15), as r2d2_atari.py: a base decaying to 0.01 left all but one greedy
     start_e=0.4,
     end_e=0.4,
