@@ -3,6 +3,7 @@ lives, and on resume chosen so that a run never writes into another's files), th
 seeding, the device, the software versions logged with the hyperparameters, and the start-up block that says it all."""
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import os
@@ -32,7 +33,22 @@ def pick_device(cuda: bool, cpu_threads: Optional[int] = None) -> torch.device:
     device = torch.device("cuda" if cuda and torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and cpu_threads is not None:
         torch.set_num_threads(cpu_threads)
+    if device.type == "cpu":
+        keep_freed_memory()
     return device
+
+
+def keep_freed_memory() -> None:
+    """Have glibc's malloc keep the memory of freed tensors of up to 32 MiB for the next ones. By default it hands
+    such blocks back to the kernel and takes them again, zero-filled page by page, at every forward pass: IQN's
+    target pass on a MinAtar batch (32 x 40 quantiles x 1024 features) ran 1.6 times slower for it. No-op elsewhere."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):  # not glibc
+        return
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # from glibc's malloc.h
+    mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024)  # glibc's largest: bigger blocks (replay buffers) still mmap
+    mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024)
 
 
 def describe_device(device: torch.device, cuda: bool) -> str:
