@@ -9,15 +9,16 @@ set -euo pipefail
 source "$(dirname "$0")/sweep.bash"
 GAMES="MinAtar/Asterix-v0 MinAtar/Breakout-v0 MinAtar/Freeway-v0 MinAtar/Seaquest-v0 MinAtar/SpaceInvaders-v0"
 
-# Minutes a run, on a 2-core CPU with two runs side by side (docs/minatar.md, Speed): the scripts' from their steady
-# speed on Breakout and, for pqn.py, the mean wall time of its 10M-step runs over the games; SB3's DQN from its speed
-# (about 470 agent steps/s), QR-DQN (32 quantiles) taken as DQN's, not measured. --save-model adds the greedy
-# evaluation after training.
+# Minutes a run, on a 2-core CPU with two runs side by side (docs/minatar.md, Speed): the wall time of the scripts'
+# whole MinAtar runs where they have been made (PQN's mean over the games, the dueling DQN's Breakout run, R2D2's and
+# recurrent IQN's), IQN's from its steady speed on Breakout (279 agent steps/s); SB3's DQN from its speed (about 470
+# agent steps/s), QR-DQN (32 quantiles) taken as DQN's, not measured. --save-model adds the greedy evaluation after
+# training.
 minatar 40 "$GAMES" "1 2 3" python cleanrl/pqn.py --save-model
-minatar 300 "$GAMES" "1" python cleanrl/dqn_dueling_per.py --save-model
-minatar 500 "$GAMES" "1" python cleanrl/iqn.py --save-model
-minatar 20 "MinAtar/Breakout-v0 MinAtar/SpaceInvaders-v0" "1" python cleanrl/r2d2.py --save-model
-minatar 60 "MinAtar/Breakout-v0 MinAtar/SpaceInvaders-v0" "1" python cleanrl/recurrent_iqn.py --save-model
+minatar 230 "$GAMES" "1" python cleanrl/dqn_dueling_per.py --save-model
+minatar 300 "$GAMES" "1" python cleanrl/iqn.py --save-model
+minatar 15 "MinAtar/Breakout-v0 MinAtar/SpaceInvaders-v0" "1" python cleanrl/r2d2.py --save-model
+minatar 50 "MinAtar/Breakout-v0 MinAtar/SpaceInvaders-v0" "1" python cleanrl/recurrent_iqn.py --save-model
 minatar 180 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo dqn
 minatar 180 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo qrdqn
 
