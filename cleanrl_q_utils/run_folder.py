@@ -31,9 +31,9 @@ def pick_device(cuda: bool, cpu_threads: Optional[int] = None) -> torch.device:
     """CUDA when asked for and present, else the CPU with `cpu_threads` intra-op threads (None: torch's default).
     Small networks run faster on one thread: more threads only add synchronization to every call."""
     device = torch.device("cuda" if cuda and torch.cuda.is_available() else "cpu")
-    if device.type == "cpu" and cpu_threads is not None:
-        torch.set_num_threads(cpu_threads)
     if device.type == "cpu":
+        if cpu_threads is not None:
+            torch.set_num_threads(cpu_threads)
         keep_freed_memory()
     return device
 

@@ -682,7 +682,7 @@ def test_gymnasium_saying_a_stopped_recording_was_not_saved_is_silenced():
 def test_cpu_runs_reuse_the_memory_of_freed_tensors_instead_of_faulting_it_in_again():
     # IQN's target pass in miniature: tensors of 32 x 40 x 1024 floats made and freed at every call, counted in a child
     # process whose allocator starts untouched. Without the setting pick_device makes on the CPU, glibc's default
-    # faults in 26k to 51k pages over these 20 calls (measured); one 5 MiB tensor faulted in again is 1,280.
+    # faults in 26k to 53k pages over these 20 calls (measured); one 5 MiB tensor faulted in again is 1,280.
     code = (
         "import resource, torch\n"
         "from cleanrl_q_utils import run_folder\n"
