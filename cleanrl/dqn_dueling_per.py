@@ -108,8 +108,9 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# The configuration a MinAtar id runs with (flags given on the command line win): Young & Tian's, provisional (the docs
-# page says how it maps theirs: a batch of 32 per agent step as 256 every 8 steps, a target copy every 1,000 updates).
+# The configuration a MinAtar id runs with (flags given on the command line win): Young & Tian's, which a screen of
+# 500k-step Breakout runs kept (the docs page has it, and how this maps theirs: a batch of 32 per agent step as 256
+# every 8 steps, a target copy every 1,000 updates).
 MINATAR_DEFAULTS = dict(
     total_timesteps=5_000_000,
     learning_rate=2.5e-4,
