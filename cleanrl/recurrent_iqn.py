@@ -561,6 +561,11 @@ def main(args: Args) -> list[float]:
         # One update of batch_size x seq_len trained slots per this many agent steps keeps the replay ratio.
         update_every = max(1, round(args.batch_size * args.seq_len / args.replay_ratio / args.num_envs))
         target_every = max(1, args.target_network_frequency // (args.num_envs * update_every))
+        # --target-network-frequency counts agent steps and is rounded down to whole updates: say what it became.
+        print(
+            f"  updates: one every {update_every * args.num_envs} agent steps; a target copy every {target_every}"
+            f" updates ({target_every * update_every * args.num_envs} agent steps)"
+        )
         num_iterations = args.total_timesteps // args.num_envs
         # The actions of every envs.step call: replaying them rebuilds the environments on resume.
         action_log = np.zeros((num_iterations, args.num_envs), dtype=np.min_scalar_type(num_actions - 1))
