@@ -65,6 +65,16 @@ def test_a_minatar_id_brings_its_configuration_and_given_flags_win(monkeypatch, 
         assert minatar.with_defaults(args, pqn.MINATAR_DEFAULTS) == args
 
 
+def test_recurrent_iqns_minatar_configuration_copies_its_target_every_20k_agent_steps(monkeypatch, tmp_path, capsys):
+    """--target-network-frequency counts agent steps, rounded down to whole updates (one per 80 steps here); the
+    start-up block says what it became. The MinAtar configuration's value was once 250, written as if it counted
+    updates: a copy every 3 updates."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["recurrent_iqn.py"])
+    recurrent_iqn.main(recurrent_iqn.Args(env_id="MinAtar/Breakout-v0", total_timesteps=160, learning_starts=80))
+    assert "updates: one every 80 agent steps; a target copy every 250 updates (20000 agent steps)" in capsys.readouterr().out
+
+
 def test_without_the_extra_a_minatar_id_is_refused_in_one_line_naming_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "minatar", None)  # what an environment without the package gives
     monkeypatch.setitem(sys.modules, "minatar.gym", None)
