@@ -6,6 +6,8 @@ Every training episode's true return (read from the Monitor wrapper: unclipped, 
 TensorBoard as `charts/episodic_return` and `charts/episodic_length` at the agent step where the episode ended, with
 `charts/SPS`, in `{runs_dir}/{env_id}__sb3_{algo}__{seed}__{unix time}`: benchmark/report.py reads these runs beside
 ours. After training, `--eval-episodes` greedy episodes on a fresh environment are logged as `eval/episodic_return`.
+A checkpoint is written every `--checkpoint-every` agent steps and when a signal stops the run; `--resume PATH` goes
+on from it (docs/benchmark.md, "Side by side with Stable-Baselines3").
 Needs the `sb3` extra: `pip install -e ".[sb3]"`.
 """
 
@@ -18,7 +20,10 @@ import torch
 import torch.nn as nn
 from torch.utils.tensorboard import SummaryWriter
 
-from cleanrl_q_utils import minatar
+from cleanrl_q_utils import checkpoint_files, minatar
+from cleanrl_q_utils.flag_checks import is_plain_name
+from cleanrl_q_utils.run_folder import check_newer_checkpoint, lock_run_dir
+from cleanrl_q_utils.stop_signals import StopSignals
 
 try:
     from sb3_contrib import QRDQN
@@ -110,10 +115,19 @@ for game in ("Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"):
     HYPERPARAMS[("qrdqn", f"MinAtar/{game}-v0")] = {**MINATAR, "policy_kwargs": {**MINATAR_POLICY, "n_quantiles": 32}}
 ALGOS = {"dqn": DQN, "qrdqn": QRDQN}
 
+# A checkpoint holds the networks, the optimizer, the replay, SB3's step counters and the random generators, as tensors
+# and plain values only: it loads with `torch.load(weights_only=True)` and never runs code (SB3's own `save` and
+# `save_replay_buffer` pickle Python objects, which a crafted file could use to run code on load).
+CHECKPOINT_FORMAT = 1
+CHANGEABLE_ON_RESUME = ("checkpoint_every", "eval_episodes", "track", "wandb_project_name", "wandb_entity")
+# SB3's progress through a run: its steps, its target-copy clock (_n_calls), its updates, and the exploration schedule's.
+COUNTERS = ("num_timesteps", "_n_calls", "_n_updates", "_episode_num", "_current_progress_remaining", "exploration_rate")
+REPLAY_ARRAYS = ("observations", "next_observations", "actions", "rewards", "dones", "timeouts")
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sb3_baselines.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--algo", choices=sorted(ALGOS), required=True, help="SB3's DQN or sb3-contrib's QR-DQN")
+    parser.add_argument("--algo", choices=sorted(ALGOS), help="SB3's DQN or sb3-contrib's QR-DQN (required)")
     parser.add_argument("--env-id", choices=sorted({env_id for _, env_id in HYPERPARAMS}), default="CartPole-v1")
     parser.add_argument("--seed", type=int, default=1, help="seed of the agent and of the environment")
     parser.add_argument("--total-timesteps", type=int, default=None, help="agent steps (default: RL Zoo's n_timesteps)")
@@ -122,50 +136,174 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--track", action=argparse.BooleanOptionalAction, default=False, help="sync the logs to W&B")
     parser.add_argument("--wandb-project-name", default="cleanrl-q")
     parser.add_argument("--wandb-entity", default=None)
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=250_000, help="agent steps between checkpoints (0: only on a stop)"
+    )
+    parser.add_argument("--resume", default=None, help="a checkpoint.pt of this script: the run goes on in its folder")
     args = parser.parse_args(argv)
+    if args.resume is not None:
+        return resumed_args(parser, args)
+    if args.algo is None:
+        parser.error("the following arguments are required: --algo")
     if args.total_timesteps is None:
         args.total_timesteps = int(HYPERPARAMS[(args.algo, args.env_id)]["n_timesteps"])
     if args.total_timesteps <= 0:
         parser.error(f"--total-timesteps={args.total_timesteps}: must be > 0")
     if args.eval_episodes < 0:
         parser.error(f"--eval-episodes={args.eval_episodes}: must be >= 0")
+    if args.checkpoint_every < 0:
+        parser.error(f"--checkpoint-every={args.checkpoint_every}: must be >= 0")
+    return args
+
+
+def resumed_args(parser: argparse.ArgumentParser, given: argparse.Namespace) -> argparse.Namespace:
+    """The flags of the run that `given.resume` continues: its checkpoint's, but for those a resume may change
+    (CHANGEABLE_ON_RESUME); another flag given with a value other than the run's stops in one line. The checkpoint
+    itself is kept in `args.checkpoint`."""
+    if not os.path.isfile(given.resume):
+        parser.error(f"--resume={given.resume}: no such file")
+    checkpoint = checkpoint_files.read_checkpoint(given.resume)
+    try:
+        if checkpoint["script"] != "sb3_baselines.py" or checkpoint["format"] != CHECKPOINT_FORMAT:
+            raise ValueError(f"written by {checkpoint['script']}, format {checkpoint['format']}")
+        if checkpoint_files.content_digest({k: v for k, v in checkpoint.items() if k != "digest"}) != checkpoint["digest"]:
+            raise ValueError("its contents do not match their checksum (a damaged file)")
+        if not is_plain_name(checkpoint["run_name"]):
+            raise ValueError(f"its run name {checkpoint['run_name']!r} is not a folder name")
+        saved = checkpoint["args"]
+        if (saved["algo"], saved["env_id"]) not in HYPERPARAMS:
+            raise ValueError(f"an algorithm and env this script does not have: {saved['algo']}, {saved['env_id']}")
+    except (KeyError, TypeError, ValueError) as error:
+        parser.error(f"--resume={given.resume}: not a checkpoint of this script ({type(error).__name__}: {error})")
+    args = argparse.Namespace(**saved, resume=given.resume, checkpoint=checkpoint)
+    for name, value in vars(given).items():
+        if name == "resume" or value == parser.get_default(name) or value == saved[name]:
+            continue
+        if name not in CHANGEABLE_ON_RESUME:
+            parser.error(f"--{name.replace('_', '-')}={value}: cannot change on resume (the run has {saved[name]})")
+        setattr(args, name, value)
     return args
 
 
 class EpisodeLogger(BaseCallback):
     """Logs each finished training episode (Monitor's `info["episode"]`) at the agent step where it ended, and a
     progress line at most every 10 s. SB3 collects `train_freq` steps at a time, so a run can end up to
-    `train_freq - 1` steps after `total_timesteps` (CartPole: 50,176 instead of 50,000)."""
+    `train_freq - 1` steps after `total_timesteps` (CartPole: 50,176 instead of 50,000).
 
-    def __init__(self, writer: SummaryWriter, total_timesteps: int):
+    It also writes the checkpoints: at the end of a collection (the steps stored in the replay, the gradient steps
+    on them not yet taken; a resume takes them first), every `--checkpoint-every` agent steps and when a signal
+    asks the run to stop, which then ends at the next step, before that step is logged or stored."""
+
+    def __init__(self, writer: SummaryWriter, args: argparse.Namespace, run_name: str, run_dir: str, returns: list):
         super().__init__()
-        self.writer, self.total = writer, total_timesteps
-        self.returns: list[float] = []
+        self.writer, self.args, self.run_name, self.total = writer, args, run_name, args.total_timesteps
+        self.returns: list[float] = returns
+        self.checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
+        self.last_checkpoint = args.resume
+        self.signals = StopSignals(lambda: self.last_checkpoint)
+        self.stopped = False
 
     def _on_training_start(self) -> None:
         self.start_time = self.last_print = time.time()
+        self.start_step = self.num_timesteps
+        every = self.args.checkpoint_every
+        self.next_checkpoint = (self.num_timesteps // every + 1) * every if every else None
 
     def _on_step(self) -> bool:
+        if self.stopped:
+            return False
         step = self.num_timesteps  # already counts the step just taken
         for info in self.locals["infos"]:
             if "episode" in info:
                 self.returns.append(float(info["episode"]["r"]))
                 self.writer.add_scalar("charts/episodic_return", info["episode"]["r"], step)
                 self.writer.add_scalar("charts/episodic_length", info["episode"]["l"], step)
-                self.writer.add_scalar("charts/SPS", int(step / (time.time() - self.start_time)), step)
+                self.writer.add_scalar("charts/SPS", self.steps_per_second(), step)
         if time.time() - self.last_print > 10:
             self.print_progress()
         return True
 
+    def _on_rollout_end(self) -> None:
+        due = self.next_checkpoint is not None and self.num_timesteps >= self.next_checkpoint
+        if self.signals.stop_requested or due and self.num_timesteps < self.total:
+            self.write_checkpoint()
+            self.stopped = self.signals.stop_requested
+        if due:
+            every = self.args.checkpoint_every
+            self.next_checkpoint = (self.num_timesteps // every + 1) * every
+
     def _on_training_end(self) -> None:
+        self.signals.training_done = not self.stopped
         self.print_progress()
+
+    def write_checkpoint(self) -> None:
+        model, buffer = self.model, self.model.replay_buffer
+        args = {key: value for key, value in vars(self.args).items() if key not in ("resume", "checkpoint")}
+        checkpoint = {
+            "script": "sb3_baselines.py",
+            "format": CHECKPOINT_FORMAT,
+            "run_name": self.run_name,
+            "global_step": model.num_timesteps,
+            "args": args,
+            "policy": model.policy.state_dict(),
+            "optimizer": model.policy.optimizer.state_dict(),
+            "counters": {name: getattr(model, name) for name in COUNTERS},
+            "replay": {
+                **{name: getattr(buffer, name) for name in REPLAY_ARRAYS},
+                **{"pos": buffer.pos, "full": buffer.full},
+            },
+            "returns": self.returns[-100:],
+            "rng": checkpoint_files.rng_states(),
+            "action_space_rng": model.action_space.np_random.bit_generator.state,
+        }
+        self.writer.flush()  # everything logged up to this step is on disk before the checkpoint says it is
+
+        def note_writing(tmp):
+            self.signals.writing = tmp
+
+        checkpoint_files.write_checkpoint(self.checkpoint_path, checkpoint, note_writing)
+        self.last_checkpoint, self.checkpoint_step = self.checkpoint_path, model.num_timesteps
+        print(f"checkpoint at step {model.num_timesteps}: {self.checkpoint_path}", flush=True)
+
+    def steps_per_second(self) -> int:
+        return int((self.num_timesteps - self.start_step) / max(time.time() - self.start_time, 1e-9))
 
     def print_progress(self) -> None:
         self.last_print = time.time()
         recent = self.returns[-100:]
         mean = f"{sum(recent) / len(recent):.1f}" if recent else "-"
-        sps = int(self.num_timesteps / (time.time() - self.start_time))
-        print(f"step {self.num_timesteps:>7}/{self.total} | SPS {sps:>5} | return (last 100) {mean}")
+        print(f"step {self.num_timesteps:>7}/{self.total} | SPS {self.steps_per_second():>5} | return (last 100) {mean}")
+
+
+def new_run_name(runs_dir: str, base: str) -> str:
+    """`base`, or `base_2`, `base_3`, ... if a run started in the same second has it: each run has a folder of its own."""
+    for name in [base, *(f"{base}_{i}" for i in range(2, 1000))]:
+        try:
+            os.makedirs(os.path.join(runs_dir, name))
+            return name
+        except FileExistsError:
+            continue
+    raise SystemExit(f"error: could not create a run folder {runs_dir}/{base}_*")
+
+
+def restore(model, checkpoint: dict, seed: int) -> None:
+    """Puts a checkpoint's networks, optimizer, replay, counters and random generators into a new `model`, then takes
+    the gradient steps the stopped run had not yet taken on its last collection. The game in progress at the stop is
+    lost: the resumed run starts a new one, from a seed of its own."""
+    model.policy.load_state_dict(checkpoint["policy"])
+    model.policy.optimizer.load_state_dict(checkpoint["optimizer"])
+    for name, value in checkpoint["counters"].items():
+        setattr(model, name, value)
+    buffer, replay = model.replay_buffer, checkpoint["replay"]
+    for name in REPLAY_ARRAYS:
+        getattr(buffer, name)[...] = replay[name]
+    buffer.pos, buffer.full = int(replay["pos"]), bool(replay["full"])
+    model.env.seed(seed + model.num_timesteps)  # used by the reset that learn() makes
+    checkpoint_files.set_rng_states(checkpoint["rng"])
+    model.action_space.np_random.bit_generator.state = checkpoint["action_space_rng"]
+    if model.num_timesteps > model.learning_starts and model.gradient_steps != 0:
+        steps = model.gradient_steps if model.gradient_steps > 0 else model.train_freq.frequency
+        model.train(batch_size=model.batch_size, gradient_steps=steps)
 
 
 def make_env(env_id: str) -> gym.Env:
@@ -193,14 +331,34 @@ def evaluate(model, env_id: str, episodes: int, seed: int) -> list[float]:
     return scores
 
 
+def make_model(args: argparse.Namespace):
+    """The SB3 agent of a run, on its training environment, seeded with the run's seed."""
+    kwargs = {key: value for key, value in HYPERPARAMS[(args.algo, args.env_id)].items() if key != "n_timesteps"}
+    env = Monitor(make_env(args.env_id))  # Monitor sums the raw rewards of each episode into info["episode"]
+    model = ALGOS[args.algo]("MlpPolicy", env, seed=args.seed, device="cpu", verbose=0, **kwargs)
+    model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's own logger would leave an empty /tmp/SB3-* folder
+    return model
+
+
 def main(args: argparse.Namespace) -> str:
-    """Trains one agent; returns its run directory."""
+    """Trains one agent, or with --resume goes on with a stopped one; returns its run directory. A run stopped by a
+    signal writes its checkpoint, says how to resume, and exits with status 128 + the signal's number."""
     # These networks (two layers of 256, batches of 64-128) run fastest on one thread: more only add synchronization to
     # every call, and two runs side by side on a 2-core machine would fight over the cores. Ours also use one thread.
     torch.set_num_threads(1)
     exp_name = f"sb3_{args.algo}"
-    run_name = f"{args.env_id.replace('/', '-')}__{exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join(args.runs_dir, run_name)
+    checkpoint = getattr(args, "checkpoint", None)
+    if checkpoint is None:
+        run_name = new_run_name(args.runs_dir, f"{args.env_id.replace('/', '-')}__{exp_name}__{args.seed}__{int(time.time())}")
+        run_dir = os.path.join(args.runs_dir, run_name)
+    else:  # the checkpoint's own folder if it is the run's, else runs_dir/<run name>: never beside another run's files
+        run_name, folder = checkpoint["run_name"], os.path.dirname(args.resume) or "."
+        run_dir = folder if os.path.basename(os.path.realpath(folder)) == run_name else os.path.join(args.runs_dir, run_name)
+        os.makedirs(run_dir, exist_ok=True)
+    lock = lock_run_dir(run_dir)
+    if checkpoint is not None:
+        check_newer_checkpoint(os.path.join(run_dir, "checkpoint.pt"), args.resume, checkpoint)
+        print(f"sb3_baselines.py: resuming {run_name} at step {checkpoint['global_step']} in {run_dir}")
     if args.track:
         import wandb
 
@@ -208,28 +366,46 @@ def main(args: argparse.Namespace) -> str:
             project=args.wandb_project_name,
             entity=args.wandb_entity,
             name=run_name,
+            id=run_name,  # a resume goes on with the same W&B run
+            resume="allow",
             sync_tensorboard=True,
-            config=vars(args),
+            config={key: value for key, value in vars(args).items() if key != "checkpoint"},
             save_code=True,
         )
     kwargs = {key: value for key, value in HYPERPARAMS[(args.algo, args.env_id)].items() if key != "n_timesteps"}
-    writer = SummaryWriter(run_dir)
-    rows = {**vars(args), "exp_name": exp_name, **kwargs}
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in rows.items()))
+    # On resume, what the stopped run logged after its checkpoint is dropped, so that no step is logged twice.
+    writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1 if checkpoint is not None else None)
+    if checkpoint is None:
+        rows = {**vars(args), "exp_name": exp_name, **kwargs}
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in rows.items()))
 
-    env = Monitor(make_env(args.env_id))  # Monitor sums the raw rewards of each episode into info["episode"]
-    model = ALGOS[args.algo]("MlpPolicy", env, seed=args.seed, device="cpu", verbose=0, **kwargs)
-    model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's own logger would leave an empty /tmp/SB3-* folder
-    model.learn(total_timesteps=args.total_timesteps, callback=EpisodeLogger(writer, args.total_timesteps))
-    if args.eval_episodes:
-        scores = evaluate(model, args.env_id, args.eval_episodes, seed=args.seed + 1)
-        for episode, score in enumerate(scores):
-            writer.add_scalar("eval/episodic_return", score, episode)
-        print(f"greedy evaluation over {len(scores)} episodes: {sum(scores) / len(scores):.1f}")
-    env.close()
-    writer.close()
-    if args.track:
-        wandb.finish()
+    model = make_model(args)
+    if checkpoint is not None:
+        restore(model, checkpoint, args.seed)
+    callback = EpisodeLogger(writer, args, run_name, run_dir, list(checkpoint["returns"]) if checkpoint else [])
+    try:
+        # learn() counts its total from the restored step on: the exploration schedule runs over the whole run.
+        model.learn(
+            total_timesteps=args.total_timesteps - model.num_timesteps,
+            callback=callback,
+            reset_num_timesteps=checkpoint is None,
+        )
+        if callback.stopped:
+            print(f"stopped at step {callback.checkpoint_step} with a checkpoint; continue the run with:")
+            print(f"  python benchmark/sb3_baselines.py --resume {callback.checkpoint_path}")
+            raise SystemExit(128 + callback.signals.signum)
+        if args.eval_episodes:
+            scores = evaluate(model, args.env_id, args.eval_episodes, seed=args.seed + 1)
+            for episode, score in enumerate(scores):
+                writer.add_scalar("eval/episodic_return", score, episode)
+            print(f"greedy evaluation over {len(scores)} episodes: {sum(scores) / len(scores):.1f}")
+    finally:
+        callback.signals.restore()
+        model.env.close()
+        writer.close()
+        os.close(lock)
+        if args.track:
+            wandb.finish()
     return run_dir
 
 

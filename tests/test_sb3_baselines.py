@@ -1,8 +1,11 @@
 """benchmark/sb3_baselines.py: tiny SB3 runs whose TensorBoard logs must hold the true score of every episode played,
 at the agent step where it ended, in a run directory that benchmark/report.py reads. Skipped without the sb3 extra."""
 
+import os
+import signal
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -26,8 +29,8 @@ def scalars(run_dir: str, tag: str) -> tuple[np.ndarray, np.ndarray]:
     return np.array([e.step for e in events]), np.array([e.value for e in events])
 
 
-def train(tmp_path, algo: str, env_id: str, steps: int) -> str:
-    argv = ["--algo", algo, "--env-id", env_id, "--seed", "1", "--total-timesteps", str(steps)]
+def train(tmp_path, algo: str, env_id: str, steps: int, *flags: str) -> str:
+    argv = ["--algo", algo, "--env-id", env_id, "--seed", "1", "--total-timesteps", str(steps), *flags]
     threads = torch.get_num_threads()
     try:
         return sb3_baselines.main(sb3_baselines.parse_args([*argv, "--eval-episodes", "2", "--runs-dir", str(tmp_path)]))
@@ -86,3 +89,100 @@ def test_minatar_runs_use_the_scripts_torso_and_log_like_them(algo, tmp_path):
     assert (run.env_id, run.exp_name) == ("MinAtar/Breakout-v0", f"sb3_{algo}")
     kwargs = sb3_baselines.HYPERPARAMS[(algo, "MinAtar/Breakout-v0")]["policy_kwargs"]
     assert kwargs["features_extractor_class"] is sb3_baselines.MinAtarTorso and kwargs["net_arch"] == [128]
+
+
+class StopAt(gym.Wrapper):
+    """Sends the process a SIGINT at a given step of the game, as Ctrl-C would."""
+
+    def __init__(self, env, stop_step: int):
+        super().__init__(env)
+        self.steps, self.stop_step = 0, stop_step
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.stop_step:
+            os.kill(os.getpid(), signal.SIGINT)
+        return self.env.step(action)
+
+
+def test_a_stopped_run_resumes_from_its_checkpoint_as_if_it_had_not_stopped(tmp_path, monkeypatch, capsys):
+    made = []
+
+    class RecordedDQN(sb3_baselines.DQN):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setitem(sb3_baselines.ALGOS, "dqn", RecordedDQN)
+    make_env = sb3_baselines.make_env
+    monkeypatch.setattr(sb3_baselines, "make_env", lambda env_id: StopAt(make_env(env_id), 1_300))
+    argv = ["--algo", "dqn", "--env-id", "CartPole-v1", "--total-timesteps", "3000", "--checkpoint-every", "0"]
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as stop:
+            sb3_baselines.main(sb3_baselines.parse_args([*argv, "--eval-episodes", "0", "--runs-dir", str(tmp_path)]))
+        assert stop.value.code == 128 + signal.SIGINT
+        # SB3 collects 256 steps at a time (RL Zoo's train_freq): the checkpoint is written where that collection ends.
+        (path,) = tmp_path.glob("*/checkpoint.pt")
+        assert "stopped at step 1536 with a checkpoint" in capsys.readouterr().out
+        monkeypatch.setattr(sb3_baselines, "make_env", make_env)
+        resumed = sb3_baselines.parse_args(["--resume", str(path)])
+        assert (resumed.algo, resumed.total_timesteps, resumed.checkpoint["global_step"]) == ("dqn", 3000, 1536)
+
+        # The stopped run took its 128 gradient steps on the last collection after writing the checkpoint; a resume
+        # takes them first, with the same random draws: the networks and the optimizer come out bit for bit the same.
+        stopped, restored = made[0], sb3_baselines.make_model(resumed)
+        sb3_baselines.restore(restored, resumed.checkpoint, resumed.seed)
+        for name, value in stopped.policy.state_dict().items():
+            assert torch.equal(value, restored.policy.state_dict()[name]), name
+        optimizer_state = restored.policy.optimizer.state_dict()["state"]
+        for index, state in stopped.policy.optimizer.state_dict()["state"].items():
+            assert all(torch.equal(value, optimizer_state[index][key]) for key, value in state.items())
+        for name in sb3_baselines.REPLAY_ARRAYS:  # the step after the checkpoint was taken but not stored
+            np.testing.assert_array_equal(getattr(stopped.replay_buffer, name), getattr(restored.replay_buffer, name))
+        assert restored.replay_buffer.pos == stopped.replay_buffer.pos == 1536
+        assert (
+            (restored._n_updates, restored._n_calls) == (stopped._n_updates, stopped._n_calls) == (3 * 128, 1536)
+        )  # learning from 1,000
+        assert restored.exploration_rate == stopped.exploration_rate
+        assert stopped.num_timesteps == 1537
+        restored.env.close()
+
+        run_dir = sb3_baselines.main(resumed)
+    finally:
+        torch.set_num_threads(threads)
+    assert run_dir == str(path.parent)  # the run went on in its own folder
+    steps, returns = scalars(run_dir, "charts/episodic_return")
+    _, lengths = scalars(run_dir, "charts/episodic_length")
+    np.testing.assert_array_equal(returns, lengths)
+    # The game in progress at the stop is dropped; the resumed run counts on from the checkpoint's step.
+    before, after = steps <= 1536, steps > 1536
+    np.testing.assert_array_equal(steps[before], np.cumsum(lengths[before]))
+    np.testing.assert_array_equal(steps[after], 1536 + np.cumsum(lengths[after]))
+    assert steps[after][-1] >= 3000 - 500
+
+
+def test_a_resume_keeps_the_runs_flags_and_never_runs_code_from_the_file(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    crafted = tmp_path / "checkpoint.pt"
+    torch.save({"args": RunsCode(str(marker))}, crafted)  # a pickled object whose loading would run code
+    with pytest.raises(SystemExit) as stop:
+        sb3_baselines.parse_args(["--resume", str(crafted)])
+    assert stop.value.code != 0 and not marker.exists()
+    assert "not a readable checkpoint" in str(stop.value)
+
+    run_dir = train(tmp_path / "runs", "dqn", "CartPole-v1", 300, "--checkpoint-every", "256")
+    path = str(Path(run_dir) / "checkpoint.pt")
+    with pytest.raises(SystemExit) as stop:
+        sb3_baselines.parse_args(["--resume", path, "--seed", "2"])
+    assert stop.value.code == 2
+    assert "--seed=2: cannot change on resume (the run has 1)" in capsys.readouterr().err
+    assert sb3_baselines.parse_args(["--resume", path, "--eval-episodes", "0"]).eval_episodes == 0
+
+
+class RunsCode:
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
