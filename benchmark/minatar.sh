@@ -12,8 +12,8 @@ GAMES="MinAtar/Asterix-v0 MinAtar/Breakout-v0 MinAtar/Freeway-v0 MinAtar/Seaques
 # Minutes a run, on a 2-core CPU with two runs side by side (docs/minatar.md, Speed): the wall time of the scripts'
 # whole MinAtar runs where they have been made (PQN's mean over the games, the dueling DQN's Breakout run, R2D2's and
 # recurrent IQN's), IQN's from its steady speed on Breakout (279 agent steps/s); SB3's DQN from its first 2M steps on
-# Breakout (299 agent steps/s beside a dueling DQN run), QR-DQN (32 quantiles) taken as DQN's, not measured. --save-model adds the greedy evaluation after
-# training.
+# Breakout (299 agent steps/s beside a dueling DQN run), QR-DQN (32 quantiles) taken as DQN's, not measured.
+# --save-model adds the greedy evaluation after training.
 minatar 40 "$GAMES" "1 2 3" python cleanrl/pqn.py --save-model
 minatar 230 "$GAMES" "1" python cleanrl/dqn_dueling_per.py --save-model
 minatar 300 "$GAMES" "1" python cleanrl/iqn.py --save-model

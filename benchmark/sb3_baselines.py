@@ -331,9 +331,14 @@ def evaluate(model, env_id: str, episodes: int, seed: int) -> list[float]:
     return scores
 
 
+def sb3_kwargs(args: argparse.Namespace) -> dict:
+    """The keyword arguments of the SB3 class for this algorithm and env (its HYPERPARAMS entry but the budget)."""
+    return {key: value for key, value in HYPERPARAMS[(args.algo, args.env_id)].items() if key != "n_timesteps"}
+
+
 def make_model(args: argparse.Namespace):
     """The SB3 agent of a run, on its training environment, seeded with the run's seed."""
-    kwargs = {key: value for key, value in HYPERPARAMS[(args.algo, args.env_id)].items() if key != "n_timesteps"}
+    kwargs = sb3_kwargs(args)
     env = Monitor(make_env(args.env_id))  # Monitor sums the raw rewards of each episode into info["episode"]
     model = ALGOS[args.algo]("MlpPolicy", env, seed=args.seed, device="cpu", verbose=0, **kwargs)
     model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's own logger would leave an empty /tmp/SB3-* folder
@@ -372,11 +377,10 @@ def main(args: argparse.Namespace) -> str:
             config={key: value for key, value in vars(args).items() if key != "checkpoint"},
             save_code=True,
         )
-    kwargs = {key: value for key, value in HYPERPARAMS[(args.algo, args.env_id)].items() if key != "n_timesteps"}
     # On resume, what the stopped run logged after its checkpoint is dropped, so that no step is logged twice.
     writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1 if checkpoint is not None else None)
     if checkpoint is None:
-        rows = {**vars(args), "exp_name": exp_name, **kwargs}
+        rows = {**vars(args), "exp_name": exp_name, **sb3_kwargs(args)}
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in rows.items()))
 
     model = make_model(args)
