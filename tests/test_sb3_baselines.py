@@ -105,18 +105,19 @@ class StopAt(gym.Wrapper):
         return self.env.step(action)
 
 
-def test_a_stopped_run_resumes_from_its_checkpoint_as_if_it_had_not_stopped(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("algo", ["dqn", "qrdqn"])
+def test_a_stopped_run_resumes_from_its_checkpoint_as_if_it_had_not_stopped(algo, tmp_path, monkeypatch, capsys):
     made = []
 
-    class RecordedDQN(sb3_baselines.DQN):
+    class RecordedModel(sb3_baselines.ALGOS[algo]):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setitem(sb3_baselines.ALGOS, "dqn", RecordedDQN)
+    monkeypatch.setitem(sb3_baselines.ALGOS, algo, RecordedModel)
     make_env = sb3_baselines.make_env
     monkeypatch.setattr(sb3_baselines, "make_env", lambda env_id: StopAt(make_env(env_id), 1_300))
-    argv = ["--algo", "dqn", "--env-id", "CartPole-v1", "--total-timesteps", "3000", "--checkpoint-every", "0"]
+    argv = ["--algo", algo, "--env-id", "CartPole-v1", "--total-timesteps", "3000", "--checkpoint-every", "0"]
     threads = torch.get_num_threads()
     try:
         with pytest.raises(SystemExit) as stop:
@@ -127,7 +128,7 @@ def test_a_stopped_run_resumes_from_its_checkpoint_as_if_it_had_not_stopped(tmp_
         assert "stopped at step 1536 with a checkpoint" in capsys.readouterr().out
         monkeypatch.setattr(sb3_baselines, "make_env", make_env)
         resumed = sb3_baselines.parse_args(["--resume", str(path)])
-        assert (resumed.algo, resumed.total_timesteps, resumed.checkpoint["global_step"]) == ("dqn", 3000, 1536)
+        assert (resumed.algo, resumed.total_timesteps, resumed.checkpoint["global_step"]) == (algo, 3000, 1536)
 
         # The stopped run took its 128 gradient steps on the last collection after writing the checkpoint; a resume
         # takes them first, with the same random draws: the networks and the optimizer come out bit for bit the same.
