@@ -151,6 +151,19 @@ def test_the_report_reads_minatar_run_folders():
     assert report.parse_run_name("MinAtar-Breakout-v0__pqn__3__1700000000_2")["env_id"] == "MinAtar/Breakout-v0"
 
 
+def test_random_play_scores_whole_games_repeatably_and_refuses_other_ids(monkeypatch):
+    random_play = load_benchmark_module("minatar_random_play")
+    scores = random_play.random_play_scores("MinAtar/Breakout-v0", 30, seed=0)
+    assert len(scores) == 30 and np.all(scores >= 0) and np.all(scores == np.round(scores))  # a brick is worth 1
+    assert scores.mean() < 2  # random play; the learning runs in the docs reach 14 and more
+    assert np.array_equal(scores, random_play.random_play_scores("MinAtar/Breakout-v0", 30, seed=0))
+    assert not np.array_equal(scores, random_play.random_play_scores("MinAtar/Breakout-v0", 30, seed=1))
+    monkeypatch.setattr(sys, "argv", ["minatar_random_play.py", "--env-ids", "CartPole-v1"])
+    with pytest.raises(SystemExit) as exit_info:
+        random_play.main()
+    assert exit_info.value.code == 2
+
+
 # pqn.py's MinAtar configuration cut to 409,600 steps (100 rollouts; about 80 s on an idle 2-core CPU), MinAtar
 # Breakout, last-100 training mean. Measured on a 2-core AMD EPYC CPU (PyTorch 2.13, one thread per run, another run
 # beside it), seeds 1-8: 8.61, 9.94, 9.69, 7.68, 6.75, 6.48, 7.87, 8.19. With learning disabled (--learning-rate 1e-12)
