@@ -37,10 +37,12 @@ def main() -> None:
     args = parser.parse_args()
     if len(args.episodes) not in (1, len(args.env_ids)) or min(args.episodes) < 1:
         parser.error("--episodes takes one positive count, or one per --env-ids entry")
-    episodes = args.episodes * len(args.env_ids) if len(args.episodes) == 1 else args.episodes
-    for env_id, count in zip(args.env_ids, episodes):
+    for env_id in args.env_ids:  # every id is checked before any game is played
         if not minatar.is_minatar(env_id):
             parser.error(f"{env_id} is not a MinAtar env id (MinAtar/<Game>-v0 or -v1)")
+        minatar.spec(env_id)  # an unknown game: one line naming the games there are
+    episodes = args.episodes * len(args.env_ids) if len(args.episodes) == 1 else args.episodes
+    for env_id, count in zip(args.env_ids, episodes):
         scores = random_play_scores(env_id, count, args.seed)
         standard_error = scores.std() / np.sqrt(len(scores))
         print(f"{env_id}: {scores.mean():.2f} ± {standard_error:.2f} (standard error) over {len(scores)} episodes")
