@@ -105,12 +105,12 @@ class FireAfterLifeLoss(gym.Wrapper):
 
 
 def replay_actions(envs, action_log: np.ndarray, obs: np.ndarray, action_dtype) -> None:
-    """Steps fresh envpool envs through the logged actions (rows of one action per env), to rebuild the state a
-    checkpoint could not hold; stops the run if the last observation differs from the checkpoint's `obs`."""
+    """Steps fresh envs (envpool's or MinAtar's) through the logged actions (rows of one action per env), to rebuild
+    the state a checkpoint does not hold; stops the run if the last observation differs from the checkpoint's `obs`."""
     envs_count = action_log.shape[1] if action_log.ndim > 1 else 1
     print(
         f"resume: replaying {action_log.size} logged agent steps ({len(action_log)} steps of {envs_count} envs) to "
-        "rebuild the environments (envpool cannot save them; --resume-fresh-envs skips this)",
+        "rebuild the environments (a checkpoint holds no game state; --resume-fresh-envs skips this)",
         flush=True,
     )
     stepped, started = None, time.time()

@@ -635,8 +635,8 @@ def test_a_long_replay_says_how_long_it_takes_and_shows_its_progress(monkeypatch
         monkeypatch.undo()
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("resume: replay")]
     assert lines[0] == (
-        "resume: replaying 400 logged agent steps (200 steps of 2 envs) to rebuild the environments (envpool cannot "
-        "save them; --resume-fresh-envs skips this)"
+        "resume: replaying 400 logged agent steps (200 steps of 2 envs) to rebuild the environments (a checkpoint "
+        "holds no game state; --resume-fresh-envs skips this)"
     )
     assert re.fullmatch(r"resume: replayed \d+/400 agent steps \(\d+%\), 00:0\d:\d\d left", lines[1]) and len(lines) > 4
     assert lines[-1].startswith("resume: replay done in 00:0")
