@@ -10,23 +10,22 @@ import argparse
 
 import numpy as np
 
-from cleanrl_q_utils import minatar
+from cleanrl_q_utils import episode_scores, minatar
 
 
 def random_play_scores(env_id: str, episodes: int, seed: int) -> np.ndarray:
+    """Scores of `episodes` whole games, counted as the scripts count them (`EpisodeStats`)."""
     envs = minatar.make_envs(env_id, 1, seed)
     rng = np.random.default_rng(seed)
     num_actions = envs.single_action_space.n
+    stats, is_reset_step = episode_scores.EpisodeStats(1), np.zeros(1, dtype=bool)
     envs.reset()
-    scores, score = [], 0.0
-    while len(scores) < episodes:
-        _, reward, terminated, truncated, _ = envs.step(rng.integers(num_actions, size=1))
-        score += float(reward[0])
-        if terminated[0] or truncated[0]:  # the vector env resets the game on the next step
-            scores.append(score)
-            score = 0.0
+    while len(stats.scores) < episodes:
+        _, rewards, terminated, truncated, _ = envs.step(rng.integers(num_actions, size=1))
+        stats.update(rewards, is_reset_step, terminated | truncated)
+        is_reset_step = terminated | truncated  # the next step only resets the game (NEXT_STEP autoreset)
     envs.close()
-    return np.array(scores)
+    return np.array(stats.scores)
 
 
 def main() -> None:
