@@ -186,9 +186,9 @@ def unreadable_reason(error: Exception) -> str:
 
 def write_checkpoint(path: str, checkpoint: dict, note_writing: Callable) -> None:
     """Writes `checkpoint` with its digest beside `path`, syncs, then renames it over `path`: a crash, a full disk or
-    a second signal while writing leaves the previous file whole. Numpy arrays are stored as tensors of their bytes,
+    a second Ctrl-C while writing leaves the previous file whole. Numpy arrays are stored as tensors of their bytes,
     so that the file loads with `weights_only=True`. The write runs in a helper thread, so that the calling thread
-    stays free to answer a second signal at once; `note_writing` is told the temporary file's path, then False."""
+    stays free to answer a second Ctrl-C at once; `note_writing` is told the temporary file's path, then False."""
     checkpoint = to_safe({**checkpoint, "digest": content_digest(checkpoint)})
     handle, tmp = new_temporary_file(path)
     failed = []

@@ -44,7 +44,7 @@ class Run:
 
     A run writes only into its own folder: runs/<run name>, or for a resume the folder `resumed_run_dir` names; the
     folder is locked while the run lives. A signal (SIGINT, SIGTERM, SIGHUP) during training stops the run after the
-    current step with a checkpoint; a second one exits at once, the last checkpoint intact; after training (the
+    current step with a checkpoint; a second Ctrl-C exits at once, the last checkpoint intact; after training (the
     model file, the evaluation, the video) it exits at once, the final checkpoint written. Either way the run ends
     with SystemExit(128 + the signal's number), when leaving the block after a stop; `main` called from Python too."""
 
@@ -248,7 +248,7 @@ class Run:
         return self.checkpoint_path
 
     def note_writing(self, temporary_file) -> None:
-        """The temporary file a checkpoint is being written to (False when none): a second signal removes it."""
+        """The temporary file a checkpoint is being written to (False when none): a second Ctrl-C removes it."""
         self.signals.writing = temporary_file
 
     def checkpoint_or_stop(self, global_step: int, steps: int, last: bool, state: Callable[[], dict]) -> bool:

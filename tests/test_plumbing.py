@@ -69,12 +69,25 @@ def test_first_signal_asks_for_a_checkpointed_stop_and_handlers_are_restored_on_
     assert stop.value.code == 128 + signal.SIGTERM
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
-    with pytest.raises(SystemExit) as stop:  # a second signal exits at once, with 128 + its number
+    with pytest.raises(SystemExit) as stop:  # a second Ctrl-C exits at once, with 128 + its number
         with start():
             signal.raise_signal(signal.SIGINT)
             signal.raise_signal(signal.SIGINT)
     assert stop.value.code == 128 + signal.SIGINT
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+    with pytest.raises(SystemExit) as stop:  # so does Ctrl-C after a SIGTERM: a person wants out
+        with start():
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGINT)
+    assert stop.value.code == 128 + signal.SIGINT
+
+    with pytest.raises(SystemExit) as stop:  # SIGTERM and SIGHUP again do not: the stop goes on, with its checkpoint
+        with start() as run:
+            for signum in (signal.SIGTERM, signal.SIGTERM, signal.SIGHUP):
+                signal.raise_signal(signum)
+            assert run.checkpoint_or_stop(30, 10, False, lambda: {"x": 3}) and run.stopped
+    assert read_checkpoint(run.checkpoint_path)["global_step"] == 30
 
     with pytest.raises(SystemExit):  # an error leaving the block restores them too
         with start():
@@ -144,7 +157,7 @@ def test_a_run_stopped_by_a_signal_exits_with_128_plus_its_number(tmp_path):
     assert "continue the run" in process.stdout.read()
 
 
-def test_a_second_signal_during_a_large_write_exits_cleanly_and_leaves_the_last_checkpoint(tmp_path):
+def test_a_second_ctrl_c_during_a_large_write_exits_cleanly_and_leaves_the_last_checkpoint(tmp_path):
     process = run_child(
         """
         with training_run.Run(Args(), None, SCRIPT, 7) as run:
@@ -157,10 +170,10 @@ def test_a_second_signal_during_a_large_write_exits_cleanly_and_leaves_the_last_
     )
     process.stdout.readline()
     time.sleep(0.3)  # inside the large save
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signal.SIGINT)
     time.sleep(0.3)
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) == 128 + signal.SIGTERM
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 128 + signal.SIGINT
     assert "terminate called" not in process.stderr.read()  # no abort of the writing thread
     run_dir = run_dir_of(tmp_path)
     assert [path.name for path in run_dir.iterdir() if path.suffix == ".tmp"] == []  # the partial file is removed

@@ -1,6 +1,7 @@
 """Signals and full disks in every phase of a run, in child processes: what is printed, the exit status (128 + the
 signal's number; 2 for a disk error), no traceback, no abort, no empty run folder, the last checkpoint intact."""
 
+import os
 import resource
 import signal
 import subprocess
@@ -159,12 +160,42 @@ def test_a_signal_after_training_exits_at_once_and_says_so_with_the_final_checkp
     assert read_checkpoint(run_dir / "checkpoint.pt")["global_step"] == 10
 
 
+@pytest.mark.parametrize("busy", ["python", "torch"])
+def test_one_signal_sent_to_the_process_and_to_its_group_is_one_stop_request(tmp_path, busy):
+    """GNU `timeout` (and other supervisors) signal the process and then its process group: the run gets the same
+    SIGTERM twice within microseconds. That is one request: the run stops after its step with a checkpoint. Busy in
+    Python, the handler may run between the two; busy inside one torch call, both arrive before it runs."""
+    work = "sum(range(1000))" if busy == "python" else "torch.ones(1500, 1500) @ torch.ones(1500, 1500)"
+    process = run_child(
+        f"""
+        torch.set_num_threads(1)
+        with training_run.Run(Args(), None, SCRIPT, 7) as run:
+            print("started", flush=True)
+            step = 0
+            while not run.checkpoint_or_stop(step, 1, False, lambda: {{"x": step}}):
+                step += 1
+                {work}
+        """,
+        tmp_path,
+        start_new_session=True,  # its own process group, as under `timeout`
+    )
+    wait_for_line(process, "started")
+    time.sleep(0.5)
+    os.kill(process.pid, signal.SIGTERM)  # what `timeout` does: the process, then its group
+    time.sleep(0.002)  # two deliveries, not one merged pending signal, as when the child runs on a core of its own
+    os.killpg(process.pid, signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, out + err
+    assert "stopping after this step, with a checkpoint" in out and "exiting at once" not in out
+    assert read_checkpoint(run_dir_of(tmp_path) / "checkpoint.pt")["global_step"] > 0
+
+
 def test_two_signals_while_a_run_starts_leave_no_run_folder(tmp_path):
     process = run_child(
         """
         def versions(script):
-            signal.raise_signal(signal.SIGTERM)
-            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
             return {}
         run_folder.software_versions = versions
         def main(args):
@@ -175,7 +206,7 @@ def test_two_signals_while_a_run_starts_leave_no_run_folder(tmp_path):
         tmp_path,
     )
     out, err = process.communicate(timeout=60)
-    assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in err and "started" not in out
+    assert process.returncode == 128 + signal.SIGINT and "Traceback" not in err and "started" not in out
     assert list((tmp_path / "runs").iterdir()) == []
 
 
