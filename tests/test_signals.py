@@ -170,20 +170,24 @@ def test_one_signal_sent_to_the_process_and_to_its_group_is_one_stop_request(tmp
         torch.set_num_threads(1)
         with training_run.Run(Args(), None, SCRIPT, 7) as run:
             print("started", flush=True)
-            step = 0
-            while not run.checkpoint_or_stop(step, 1, False, lambda: {"x": step}):
+            step, give_up = 0, time.time() + 60  # a child that never got the signal ends by itself
+            while not run.checkpoint_or_stop(step, 1, False, lambda: {"x": step}) and time.time() < give_up:
                 step += 1
                 torch.ones(1500, 1500) @ torch.ones(1500, 1500)
         """,
         tmp_path,
         start_new_session=True,  # its own process group, as under `timeout`
     )
-    wait_for_line(process, "started")
-    time.sleep(0.5)
-    os.kill(process.pid, signal.SIGTERM)  # what `timeout` does: the process, then its group
-    time.sleep(0.02)  # two deliveries, not one merged pending signal, as when the child runs on a core of its own
-    os.killpg(process.pid, signal.SIGTERM)
-    out, err = process.communicate(timeout=60)
+    try:
+        wait_for_line(process, "started")
+        time.sleep(0.5)
+        os.kill(process.pid, signal.SIGTERM)  # what `timeout` does: the process, then its group
+        time.sleep(0.02)  # two deliveries, not one merged pending signal, as when the child runs on a core of its own
+        os.killpg(process.pid, signal.SIGTERM)
+        out, err = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            process.kill()
     assert process.returncode == 128 + signal.SIGTERM, out + err
     assert "stopping after this step, with a checkpoint" in out and "exiting at once" not in out
     assert read_checkpoint(run_dir_of(tmp_path) / "checkpoint.pt")["global_step"] > 0
