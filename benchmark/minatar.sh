@@ -18,8 +18,7 @@ minatar 40 "$GAMES" "1 2 3" python cleanrl/pqn.py --save-model
 minatar 230 "$GAMES" "1" python cleanrl/dqn_dueling_per.py --save-model
 minatar 300 "$GAMES" "1" python cleanrl/iqn.py --save-model
 minatar 15 "$GAMES" "1 2 3" python cleanrl/r2d2.py --save-model
-minatar 45 "MinAtar/Breakout-v0" "1 2 3" python cleanrl/recurrent_iqn.py --save-model
-minatar 45 "MinAtar/SpaceInvaders-v0" "1" python cleanrl/recurrent_iqn.py --save-model
+minatar 45 "MinAtar/Breakout-v0 MinAtar/SpaceInvaders-v0" "1 2 3" python cleanrl/recurrent_iqn.py --save-model
 minatar 305 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo dqn
 minatar 400 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo qrdqn
 
