@@ -16,6 +16,9 @@ from cleanrl_q_utils.run_folder import describe_device, pick_device, seed_everyt
 
 # The flags an --eval-only run takes from the command line; every other flag comes from the saved model file.
 EVALUATION_FLAGS = ("eval_only", "model_path", "eval_episodes", "eval_epsilon", "capture_video", "seed", "cuda")
+# Flags saved with the model that say how its training run went, not what the agent is: a resumed run's model file
+# names the checkpoint it resumed from, which an evaluation neither needs nor may combine with --eval-only.
+TRAINING_RUN_FLAGS = ("resume",)
 
 
 MODEL_FILE = "cleanrl-q model"  # marks a model file written by `save_model`
@@ -73,7 +76,8 @@ def evaluate_only(given, script: str, validate: Callable, evaluate: Callable) ->
         flag_error("model_path", given.model_path, f"written by {saved['script']}, not {name}")
     else:
         names, defaults = {field.name for field in fields(given)}, type(given)()
-        kept = {key: value for key, value in saved["args"].items() if key in names and key not in EVALUATION_FLAGS}
+        taken = names.difference(EVALUATION_FLAGS, TRAINING_RUN_FLAGS)
+        kept = {key: value for key, value in saved["args"].items() if key in taken}
         for key, value in kept.items():
             if getattr(given, key) not in (value, getattr(defaults, key)):
                 print(f"eval-only: ignoring --{key.replace('_', '-')}={getattr(given, key)}; the model's value is {value}")
