@@ -156,7 +156,6 @@ def test_eval_only_refuses_what_it_cannot_evaluate(tmp_path, capsys):
         iqn.main(iqn.Args(eval_only=True, model_path="nowhere.pt"))
     pqn.main(pqn.Args(**tiny("pqn", short=True), save_model=True, eval_episodes=1))
     (model_path,) = glob.glob("runs/*/pqn.cleanrl_model")
-    saved_args = torch.load(model_path, weights_only=True)["args"]
     with pytest.raises(SystemExit, match=f"^error: --model-path={model_path}: written by pqn.py, not iqn.py$"):
         iqn.main(iqn.Args(eval_only=True, model_path=model_path))
     capsys.readouterr()
@@ -164,11 +163,11 @@ def test_eval_only_refuses_what_it_cannot_evaluate(tmp_path, capsys):
     pqn.main(pqn.Args(eval_only=True, model_path=model_path, eval_episodes=1, num_envs=8))
     assert "eval-only: ignoring --num-envs=8; the model's value is 4" in capsys.readouterr().out
     # A resumed run's model file names the checkpoint it resumed from; an evaluation does not take it.
-    resumed = str(tmp_path / "resumed.cleanrl_model")
-    torch.save(torch.load(model_path, weights_only=True) | {"args": saved_args | {"resume": "runs/x/checkpoint.pt"}}, resumed)
+    saved, resumed = torch.load(model_path, weights_only=True), str(tmp_path / "resumed.cleanrl_model")
+    torch.save(saved | {"args": saved["args"] | {"resume": "runs/x/checkpoint.pt"}}, resumed)
     assert len(pqn.main(pqn.Args(eval_only=True, model_path=resumed, eval_episodes=1))) == 1
     bare = str(tmp_path / "bare.cleanrl_model")
-    torch.save(torch.load(model_path, weights_only=True)["model"], bare)
+    torch.save(saved["model"], bare)
     assert len(pqn.main(pqn.Args(eval_only=True, model_path=bare, eval_episodes=1))) == 1
     assert "holds weights only: the network is built from the command-line flags" in capsys.readouterr().out
 
