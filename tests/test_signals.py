@@ -164,23 +164,29 @@ def test_one_signal_sent_to_the_process_and_to_its_group_is_one_stop_request(tmp
     """GNU `timeout` (and other supervisors) signal the process and then its process group: the run gets the same
     SIGTERM twice within microseconds. That is one request: the run stops after its step with a checkpoint. The
     child is busy inside one torch call, as a run is inside an env step or an update, so both arrive before the
-    handler runs."""
+    handler runs. The call is sized on the machine to last about two seconds: on a fast CPU a fixed size ends before
+    the second signal, and the run, stopped and its handlers given back, would die of it."""
     process = run_child(
         """
         torch.set_num_threads(1)
+        small = torch.ones(1500, 1500)
+        start = time.perf_counter()
+        small @ small
+        size = min(8000, int(1500 * max(1.0, 2.0 / (time.perf_counter() - start)) ** (1 / 3)))
+        big = torch.ones(size, size)
         with training_run.Run(Args(), None, SCRIPT, 7) as run:
-            print("started", flush=True)
-            step, give_up = 0, time.time() + 60  # a child that never got the signal ends by itself
-            while not run.checkpoint_or_stop(step, 1, False, lambda: {"x": step}) and time.time() < give_up:
-                step += 1
-                torch.ones(1500, 1500) @ torch.ones(1500, 1500)
+            for step in range(1, 4):
+                if step == 1:
+                    print("started", flush=True)
+                    big @ big  # both signals arrive inside this one call
+                if run.checkpoint_or_stop(step, 1, step == 3, lambda: {"x": step}):
+                    break
         """,
         tmp_path,
         start_new_session=True,  # its own process group, as under `timeout`
     )
     try:
         wait_for_line(process, "started")
-        time.sleep(0.5)
         os.kill(process.pid, signal.SIGTERM)  # what `timeout` does: the process, then its group
         time.sleep(0.02)  # two deliveries, not one merged pending signal, as when the child runs on a core of its own
         os.killpg(process.pid, signal.SIGTERM)
@@ -190,7 +196,7 @@ def test_one_signal_sent_to_the_process_and_to_its_group_is_one_stop_request(tmp
             process.kill()
     assert process.returncode == 128 + signal.SIGTERM, out + err
     assert "stopping after this step, with a checkpoint" in out and "exiting at once" not in out
-    assert read_checkpoint(run_dir_of(tmp_path) / "checkpoint.pt")["global_step"] > 0
+    assert read_checkpoint(run_dir_of(tmp_path) / "checkpoint.pt")["global_step"] == 1
 
 
 def test_two_signals_while_a_run_starts_leave_no_run_folder(tmp_path):
