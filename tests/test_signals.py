@@ -175,10 +175,9 @@ def test_one_signal_sent_to_the_process_and_to_its_group_is_one_stop_request(tmp
         size = min(8000, int(1500 * max(1.0, 2.0 / (time.perf_counter() - start)) ** (1 / 3)))
         big = torch.ones(size, size)
         with training_run.Run(Args(), None, SCRIPT, 7) as run:
+            print("started", flush=True)
+            big @ big  # the first step's work: both signals arrive inside this one call
             for step in range(1, 4):
-                if step == 1:
-                    print("started", flush=True)
-                    big @ big  # both signals arrive inside this one call
                 if run.checkpoint_or_stop(step, 1, step == 3, lambda: {"x": step}):
                     break
         """,
