@@ -12,8 +12,8 @@ GAMES="MinAtar/Asterix-v0 MinAtar/Breakout-v0 MinAtar/Freeway-v0 MinAtar/Seaques
 # Minutes a run, on a 2-core CPU with two runs side by side (docs/minatar.md, Speed): the wall time of the scripts'
 # whole MinAtar runs where they have been made (PQN's mean over the games, the dueling DQN's Breakout run, R2D2's 2M-
 # and 5M-step runs, recurrent IQN's, and SB3's DQN's 302 minutes on Breakout); IQN's from its steady speed on Breakout
-# (279 agent steps/s), sb3-contrib's QR-DQN (32 quantiles) from its first 4.6M steps on Breakout (425 minutes, 147-226
-# agent steps/s beside an IQN run: about 470 minutes for 5M). --save-model adds the greedy evaluation after training.
+# (279 agent steps/s), sb3-contrib's QR-DQN's (32 quantiles) from its 5M-step Breakout run (471 minutes, 134-226
+# agent steps/s beside another run). --save-model adds the greedy evaluation after training.
 minatar 40 "$GAMES" "1 2 3" python cleanrl/pqn.py --save-model
 minatar 230 "$GAMES" "1" python cleanrl/dqn_dueling_per.py --save-model
 minatar 300 "$GAMES" "1" python cleanrl/iqn.py --save-model
@@ -22,7 +22,7 @@ minatar 38 "MinAtar/Freeway-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/r2d2.
     --total-timesteps 5000000 --exp-name r2d2_5m
 minatar 45 "MinAtar/Breakout-v0 MinAtar/SpaceInvaders-v0" "1 2 3" python cleanrl/recurrent_iqn.py --save-model
 minatar 305 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo dqn
-minatar 470 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo qrdqn
+minatar 475 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo qrdqn
 
 # The kept episode records (benchmark/episodes/minatar) are reported beside the new runs, whose records join them.
 after python benchmark/report.py --runs-dir runs benchmark/episodes/minatar --env-ids $GAMES --name minatar \
