@@ -561,7 +561,8 @@ def plot_learning_curves(
                 warn(f"{exp_name} on {env_id}: no curve drawn: {reason}")
                 continue
             color = colors[i % len(colors)]
-            ax.plot(grid, mean, color=color, label=f"{exp_name} ({count(len(members), 'seed')})")
+            linestyle = ("-", "--", ":", "-.")[i // len(colors) % 4]  # past the colour cycle, a name keeps its own line
+            ax.plot(grid, mean, color=color, linestyle=linestyle, label=f"{exp_name} ({count(len(members), 'seed')})")
             ax.fill_between(grid, mean - std, mean + std, color=color, alpha=0.2, linewidth=0)
             drawn += 1
         ax.set_title(env_id)
