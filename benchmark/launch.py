@@ -637,7 +637,11 @@ def main(argv: list[str] | None = None) -> int:
     args, command = parse_args(sys.argv[1:] if argv is None else argv)
     jobs = make_jobs(args.env_ids, args.seeds, command, args)
     if args.dry_run:
-        print_dry_run(jobs, args)
+        try:
+            print_dry_run(jobs, args)
+            sys.stdout.flush()
+        except BrokenPipeError:  # the plan was piped into `head`, which has read all it wants
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
         return 0
     resume_args = args.resume_args if args.resume_args is not None else "" if args.backend == "local" else FRESH_RESUME
     options = dict(max_retries=args.max_retries, resume_args=tuple(shlex.split(resume_args)), backend=args.backend)

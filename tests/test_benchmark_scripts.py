@@ -60,6 +60,14 @@ def test_a_bad_switch_stops_the_script_in_one_line(switch, value):
     assert result.stdout == ""
 
 
+def test_a_dry_run_piped_into_a_reader_that_stops_early_ends_quietly():
+    """`bash benchmark/minatar.sh | head`: the launcher stops printing its plan, with no traceback. `true` reads
+    nothing, so every line the launcher prints meets a closed pipe."""
+    launch = "python benchmark/launch.py --dry-run --env-ids CartPole-v1 --seeds 1 2 3 -- python cleanrl/pqn.py"
+    result = bash(f"{launch} | true; exit ${{PIPESTATUS[0]}}")
+    assert (result.returncode, result.stderr) == (0, "")
+
+
 def docs_commands(marker: str = "bash benchmark/") -> list[str]:
     """Every command line of README.md and the docs pages (shell code blocks) that holds `marker`."""
     found = []
