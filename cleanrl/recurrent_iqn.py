@@ -109,8 +109,10 @@ class Args:
     """place the IQN layer before the LSTM (state repeated per quantile sample, merged by the mean every step)"""
     start_e: float = 1.0  # CartPole needs random play first
     """the base of the per-actor epsilons at the start"""
-    end_e: float = 0.01  # also the floor of every actor's epsilon
+    end_e: float = 0.01
     """the base of the per-actor epsilons at the end of its decay"""
+    min_epsilon: Optional[float] = None  # R2D2's fixed epsilons: --start-e 0.4 --end-e 0.4 --min-epsilon 0
+    """the floor of every actor's epsilon (None: `end_e`, so every actor ends the decay at the base)"""
     exploration_fraction: float = 0.3333  # 150k of the default 450k steps
     """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
     epsilon_alpha: float = 7.0
@@ -592,12 +594,13 @@ def main(args: Args) -> list[float]:
             if not args.checkpoint_replay:  # the replay starts empty (rb.pos 0)
                 run.note_empty_replay(start_iteration * args.num_envs + args.learning_starts)
         progress = run.progress(start_iteration * args.num_envs, 1 / (update_every * args.num_envs))
+        epsilon_floor = args.end_e if args.min_epsilon is None else args.min_epsilon
         for iteration in range(start_iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
             base_epsilon = base_epsilon_schedule(
                 global_step, args.total_timesteps, args.start_e, args.end_e, args.exploration_fraction
             )
-            epsilons = actor_epsilons(args.num_envs, base_epsilon, args.epsilon_alpha, args.end_e)
+            epsilons = actor_epsilons(args.num_envs, base_epsilon, args.epsilon_alpha, epsilon_floor)
             state_before, inputs = agent.state, agent.inputs()
             actions = agent.act(obs, epsilons)
             action_log[iteration - 1] = actions

@@ -29,6 +29,7 @@ FLAG_RANGES = {
     # Schaul et al.'s exponents: alpha 0 is uniform replay, 1 full prioritization; beta 1 fully corrects the bias.
     **dict.fromkeys(("prioritized_replay_alpha", "prioritized_replay_beta"), (lambda v: 0 <= v <= 1, "in [0, 1]")),
     "exploration_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "min_epsilon": (lambda v: v is None or 0 <= v <= 1, "in [0, 1] (or None: --end-e)"),
     **dict.fromkeys(
         (
             "epsilon_alpha",

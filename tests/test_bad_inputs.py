@@ -33,7 +33,7 @@ BAD = (
     + [("max_grad_norm", 0.0), ("max_grad_norm", -10.0), ("max_grad_norm", math.nan)]
     + [
         (flag, value)
-        for flag in ("gamma", "q_lambda", "start_e", "end_e", "eval_epsilon", "priority_eta")
+        for flag in ("gamma", "q_lambda", "start_e", "end_e", "min_epsilon", "eval_epsilon", "priority_eta")
         for value in (-0.1, 1.5, math.nan)
     ]
     + [("exploration_fraction", -0.1), ("exploration_fraction", 1.5), ("exploration_fraction", math.nan)]

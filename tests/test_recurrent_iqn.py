@@ -403,6 +403,22 @@ def test_smoke(module, options, tmp_path, monkeypatch):
         assert len(glob.glob("runs/*/*.cleanrl_model")) == 1
 
 
+@pytest.mark.parametrize("module", MODULES, ids=["atari", "vector"])
+@pytest.mark.parametrize("min_epsilon, last_actor", [(None, 0.4), (0.0, 0.4**8)])
+def test_min_epsilon_sets_the_floor_apart_from_the_base(module, min_epsilon, last_actor, tmp_path, monkeypatch):
+    """By default the floor is --end-e; --start-e 0.4 --end-e 0.4 --min-epsilon 0 plays R2D2's fixed epsilons."""
+    monkeypatch.chdir(tmp_path)
+    played, choose = [], module.actor_epsilons
+    monkeypatch.setattr(module, "actor_epsilons", lambda *a: played.append(choose(*a)) or played[-1])
+    env = dict(env_id="Breakout-v5", max_episode_steps=80) if module is recurrent_iqn_atari else dict(env_id="CartPole-v1")
+    module.main(small_args(module, start_e=0.4, end_e=0.4, min_epsilon=min_epsilon, **SMOKE, **env))
+    assert len(played) == SMOKE["total_timesteps"] // SMOKE["num_envs"]
+    for epsilons in (played[0], played[-1]):
+        assert epsilons[0] == pytest.approx(0.4) and epsilons[-1] == pytest.approx(last_actor)
+    if min_epsilon == 0.0:
+        assert np.allclose(played[-1], 0.4 ** (1 + 7 * np.arange(4) / 3))
+
+
 def test_track_works_offline(offline_wandb):
     returns = recurrent_iqn.main(small_args(recurrent_iqn, track=True, **SMOKE))
     assert len(returns) > 0 and list(offline_wandb.glob("offline-run-*"))
