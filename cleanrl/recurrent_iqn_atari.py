@@ -110,7 +110,7 @@ class Args:
     end_e: float = 0.01
     """the base of the per-actor epsilons at the end of its decay"""
     min_epsilon: Optional[float] = None  # R2D2's fixed epsilons: --start-e 0.4 --end-e 0.4 --min-epsilon 0
-    """the floor of every actor's epsilon (None: `end_e`, so every actor ends the decay at the base)"""
+    """the floor of every actor's epsilon (None: `end_e`, so after the decay every actor plays at `end_e`)"""
     exploration_fraction: float = 0.5
     """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
     epsilon_alpha: float = 7.0
