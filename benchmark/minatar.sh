@@ -28,10 +28,11 @@ minatar 305 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo d
 minatar 475 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo qrdqn
 
 # The kept episode records (benchmark/episodes/minatar) are reported beside the new runs, whose records join them. The
-# dueling DQN's kept runs carry the name they were made under, dqn_replay_ratio8 (its configuration's replay ratio,
-# before it was the configuration's); new runs of the same configuration are reported as dqn_dueling_per.
+# dueling DQN's and recurrent IQN's kept runs carry the names they were made under, dqn_replay_ratio8 and riqn_lr_1e-3
+# (their configurations' replay ratio and learning rate, before they were the configurations'); new runs of the same
+# configurations are reported as dqn_dueling_per and recurrent_iqn.
 after python benchmark/report.py --runs-dir runs benchmark/episodes/minatar --env-ids $GAMES --name minatar \
-    --exp-names pqn dqn_dueling_per dqn_replay_ratio8 iqn r2d2 r2d2_5m recurrent_iqn sb3_dqn sb3_qrdqn \
+    --exp-names pqn dqn_dueling_per dqn_replay_ratio8 iqn r2d2 r2d2_5m recurrent_iqn riqn_lr_1e-3 sb3_dqn sb3_qrdqn \
     --export-episodes benchmark/episodes/minatar
 
 run_sweeps
