@@ -22,9 +22,9 @@ minatar 15 "$GAMES" "1 2 3" python cleanrl/r2d2.py --save-model
 minatar 38 "MinAtar/Freeway-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/r2d2.py --save-model \
     --total-timesteps 5000000 --exp-name r2d2_5m
 minatar 45 "MinAtar/Breakout-v0 MinAtar/SpaceInvaders-v0" "1 2 3" python cleanrl/recurrent_iqn.py --save-model
-# Recurrent IQN's other three games: Asterix and Seaquest seeds 1-3, Freeway seeds 1-2 (its page, MinAtar).
-minatar 45 "MinAtar/Asterix-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/recurrent_iqn.py --save-model
-minatar 45 "MinAtar/Freeway-v0" "1 2" python cleanrl/recurrent_iqn.py --save-model
+# Recurrent IQN's other three games, seeds 1-3 (its page, MinAtar).
+minatar 45 "MinAtar/Asterix-v0 MinAtar/Freeway-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/recurrent_iqn.py \
+    --save-model
 minatar 305 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo dqn
 minatar 475 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo qrdqn
 
