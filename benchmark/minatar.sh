@@ -10,8 +10,9 @@ source "$(dirname "$0")/sweep.bash"
 GAMES="MinAtar/Asterix-v0 MinAtar/Breakout-v0 MinAtar/Freeway-v0 MinAtar/Seaquest-v0 MinAtar/SpaceInvaders-v0"
 
 # Minutes a run, on a 2-core CPU with two runs side by side (docs/minatar.md, Speed): the wall time of the scripts'
-# whole MinAtar runs where they have been made (PQN's mean over the games, the dueling DQN's twelve runs on five games,
-# 65 to 91 minutes, mean 79, R2D2's 2M- and 5M-step runs, recurrent IQN's, and SB3's DQN's 302 minutes on Breakout);
+# whole MinAtar runs where they have been made (PQN's mean over the games, the dueling DQN's twelve runs on five games
+# on an Intel Xeon, 65 to 91 minutes, mean 79, R2D2's 2M- and 5M-step runs, recurrent IQN's, and SB3's DQN's 302
+# minutes on Breakout);
 # IQN's from its steady speed on Breakout (279 agent steps/s; its 5M-step Breakout run took 294 minutes), sb3-contrib's
 # QR-DQN's (32 quantiles) from its 5M-step Breakout run (471 minutes, 134-226 agent steps/s beside another run).
 # --save-model adds the greedy evaluation after training.
