@@ -17,7 +17,7 @@ GAMES="MinAtar/Asterix-v0 MinAtar/Breakout-v0 MinAtar/Freeway-v0 MinAtar/Seaques
 # QR-DQN's (32 quantiles) from its 5M-step Breakout run (471 minutes, 134-226 agent steps/s beside another run).
 # --save-model adds the greedy evaluation after training.
 minatar 40 "$GAMES" "1 2 3" python cleanrl/pqn.py --save-model
-minatar 79 "$GAMES" "1" python cleanrl/dqn_dueling_per.py --save-model
+minatar 79 "$GAMES" "1 2 3" python cleanrl/dqn_dueling_per.py --save-model
 minatar 300 "$GAMES" "1" python cleanrl/iqn.py --save-model
 minatar 15 "$GAMES" "1 2 3" python cleanrl/r2d2.py --save-model
 minatar 38 "MinAtar/Freeway-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/r2d2.py --save-model \
