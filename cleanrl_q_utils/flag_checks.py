@@ -237,12 +237,37 @@ def conv_parameters(in_channels: int, out_channels: int, kernel: int) -> int:
     return in_channels * out_channels * kernel * kernel + out_channels
 
 
+# What a run holds in the GPU's memory when it trains on one (--cuda and a GPU present); the rest stays in RAM.
+DEVICE_NEEDS = ("the network", "the network and its copies", "an update's activations")
+
+
 def check_run_memory(args, needs: list[tuple[str, int, tuple[str, ...]]]) -> None:
-    """Stops before anything is built when the sum of what the run will allocate does not fit in the available RAM.
-    `needs` holds (what, bytes, flags that set its size) for each allocation that grows with a flag: the replay or
-    rollout, the networks with their copies, an update's activations, the environments. The line names the flags of
-    the largest need, the flag furthest above its default first, and every need's share."""
-    total, available = sum(size for _, size, _ in needs), available_memory_bytes()
+    """Stops before anything is built when the sum of what the run will allocate does not fit in the available RAM, or
+    in the GPU's free memory for what a GPU run holds there (DEVICE_NEEDS). `needs` holds (what, bytes, flags that set
+    its size) for each allocation that grows with a flag: the replay or rollout, the networks with their copies, an
+    update's activations, the environments."""
+    on_gpu = gpu_used(args)
+    refuse_beyond(args, [need for need in needs if not (on_gpu and need[0] in DEVICE_NEEDS)], available_memory_bytes(), "")
+    if on_gpu:
+        import torch
+
+        on_device = [need for need in needs if need[0] in DEVICE_NEEDS]
+        refuse_beyond(args, on_device, torch.cuda.mem_get_info()[0], " on the GPU")
+
+
+def gpu_used(args) -> bool:
+    """Whether the run will put its networks on a GPU (as run_folder.pick_device decides)."""
+    if not getattr(args, "cuda", False):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def refuse_beyond(args, needs: list[tuple[str, int, tuple[str, ...]]], available: int, where: str) -> None:
+    """Stops when the `needs` add up to more than `available` bytes, with one line naming the flags of the largest
+    need (the flag furthest above its default first), its size and every other need's share."""
+    total = sum(size for _, size, _ in needs)
     if total <= available:
         return
     needs = sorted(needs, key=lambda need: -need[1])
@@ -257,11 +282,11 @@ def check_run_memory(args, needs: list[tuple[str, int, tuple[str, ...]]]) -> Non
         f"--{flag.replace('_', '-')}={getattr(args, flag)}" for flag in sorted(flags, key=lambda flag: -above_default(flag))
     )
     rest = ", ".join(f"{other} {size / 1e9:,.1f} GB" for other, size, _ in needs[1:] if size >= 0.05e9)
-    whole = f" (the whole run about {total / 1e9:,.1f} GB; {rest})" if rest else ""
+    whole = f" (about {total / 1e9:,.1f} GB in all; {rest})" if rest else ""
     verb = "need" if what.endswith("s") else "needs"
     raise SystemExit(
-        f"error: {named}: {what} {verb} about {largest / 1e9:,.1f} GB{whole} but {available / 1e9:,.1f} GB are available; "
-        "lower it"
+        f"error: {named}: {what} {verb} about {largest / 1e9:,.1f} GB{whole} but {available / 1e9:,.1f} GB are available"
+        f"{where}; lower it"
     )
 
 

@@ -3,6 +3,8 @@ in one line naming the flag before anything is built, and the network estimates 
 parameters of the network the script builds, times the copies a run holds, and not so much more that normal runs are
 refused."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch.nn as nn
@@ -135,11 +137,21 @@ def test_a_run_too_big_for_the_memory_is_refused_in_one_line_before_anything_is_
 def test_the_sum_of_the_needs_is_refused_when_no_one_need_is_too_big(monkeypatch):
     needs = [("the replay", 6 * 10**9, ("buffer_size",)), ("an update's activations", 5 * 10**9, ("batch_size",))]
     monkeypatch.setattr(flag_checks, "available_memory_bytes", lambda: 10**10)
-    with pytest.raises(
-        SystemExit, match=r"^error: --buffer-size=\d+: the replay needs about 6.0 GB \(the whole run about 11.0 GB"
-    ):
+    with pytest.raises(SystemExit, match=r"^error: --buffer-size=\d+: the replay needs about 6.0 GB \(about 11.0 GB in all"):
         flag_checks.check_run_memory(iqn.Args(), needs)
     flag_checks.check_run_memory(iqn.Args(), needs[:1])  # each alone fits
+
+
+def test_a_gpu_run_checks_its_networks_and_activations_against_the_gpus_free_memory(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(flag_checks, "available_memory_bytes", lambda: 10**12)  # RAM is plenty
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *device: (2 * 10**9, 80 * 10**9))
+    args = iqn.Args(hidden_size=10**4)  # about 2 GB of network copies and 0.9 GB of activations
+    with pytest.raises(SystemExit, match=r"^error: --hidden-size=10000 .* GB are available on the GPU; lower it$"):
+        iqn.validate_args(args)
+    iqn.validate_args(replace(args, cuda=False))  # on the CPU, RAM holds them
 
 
 # How each script builds its network at the sizes of `args` (obs_shape, num_actions), and how many float32 copies of
