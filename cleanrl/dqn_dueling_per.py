@@ -166,7 +166,7 @@ def memory_needs(args: Args, obs_shape: tuple, num_actions: int) -> list:
     with its target, gradients and two Adam moments, an update's activations (the online pass that is
     differentiated and the two passes over the next observations), the environments."""
     parameters, floats = network_sizes(args, obs_shape, num_actions)
-    needs = flag_checks.network_and_env_needs(args, parameters, 5, ("hidden_size",), args.eval_episodes, floats)
+    needs = flag_checks.common_needs(args, parameters, 5, ("hidden_size",), args.eval_episodes, floats)
     if args.eval_only:
         return needs
     replay = replay_memory_bytes(args, obs_shape, buffer_obs_dtype(obs_shape))

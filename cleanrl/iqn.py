@@ -168,7 +168,7 @@ def memory_needs(args: Args, obs_shape: tuple, num_actions: int) -> list:
     )
     acting = per_observation + args.num_quantile_samples * per_level
     network_flags = ("hidden_size", "quantile_embedding_dim")
-    needs = flag_checks.network_and_env_needs(args, parameters, 5, network_flags, 1, acting)
+    needs = flag_checks.common_needs(args, parameters, 5, network_flags, 1, acting)
     if args.eval_only:
         return needs
     update = flag_checks.activation_memory_bytes(args.batch_size, 2 * per_observation + levels * per_level + pairs)

@@ -127,7 +127,7 @@ def memory_needs(args: Args, obs_shape: tuple, num_actions: int) -> list:
     observations whatever the env's dtype), the network with its gradients and two RAdam moments (no target network),
     a minibatch's activations, the environments."""
     parameters, floats = network_sizes(obs_shape, num_actions)
-    needs = flag_checks.network_and_env_needs(args, parameters, 4, ("env_id",), args.eval_episodes, floats)
+    needs = flag_checks.common_needs(args, parameters, 4, ("env_id",), args.eval_episodes, floats)
     if args.eval_only:
         return needs
     rollout = ("the rollout storage", rollout_memory_bytes(args, obs_shape, np.float32), ("num_envs", "num_steps"))

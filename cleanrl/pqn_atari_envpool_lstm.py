@@ -121,7 +121,7 @@ def memory_needs(args: Args, obs_shape: tuple, obs_dtype, num_actions: int) -> l
     """What a run allocates in proportion to its flags, for `flag_checks.check_run_memory`: the rollout, the network
     with its gradients and two RAdam moments (no target network), a minibatch's activations, the environments."""
     parameters, floats = network_sizes(num_actions)
-    needs = flag_checks.network_and_env_needs(args, parameters, 4, ("env_id",), args.eval_episodes, floats)
+    needs = flag_checks.common_needs(args, parameters, 4, ("env_id",), args.eval_episodes, floats)
     if args.eval_only:
         return needs
     rollout = ("the rollout storage", rollout_memory_bytes(args, obs_shape, obs_dtype), ("num_envs", "num_steps"))

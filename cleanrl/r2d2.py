@@ -178,7 +178,7 @@ def memory_needs(args: Args, obs_shape: tuple, num_actions: int, obs_dtype) -> l
     with its target, gradients and two Adam moments, an update's activations (the unroll that is differentiated, over
     the trained and n-step positions of the batch's sequences), the environments."""
     parameters, per_step = network_sizes(args, obs_shape, num_actions)
-    needs = flag_checks.network_and_env_needs(args, parameters, 5, ("lstm_size",), args.eval_episodes, per_step)
+    needs = flag_checks.common_needs(args, parameters, 5, ("lstm_size",), args.eval_episodes, per_step)
     if args.eval_only:
         return needs
     positions = args.batch_size * (args.seq_len + args.n_step)  # the burn-in and target unrolls keep nothing

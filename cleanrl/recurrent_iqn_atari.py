@@ -182,7 +182,7 @@ def memory_needs(args, obs_shape, num_actions, obs_dtype) -> list:
     network_flags = ("lstm_size", "hidden_size", "quantile_embedding_dim")
     acting = per_step + args.num_quantile_samples * per_level
     evaluation_envs = min(args.eval_episodes, 32)
-    needs = flag_checks.network_and_env_needs(args, parameters, 5, network_flags, evaluation_envs, acting)
+    needs = flag_checks.common_needs(args, parameters, 5, network_flags, evaluation_envs, acting)
     if args.eval_only:
         return needs
     N, N_prime, K = args.num_tau_samples, args.num_tau_prime_samples, args.num_quantile_samples

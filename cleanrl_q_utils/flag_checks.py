@@ -290,11 +290,11 @@ def refuse_beyond(args, needs: list[tuple[str, int, tuple[str, ...]]], available
     )
 
 
-def network_and_env_needs(
+def common_needs(
     args, parameters: int, copies: int, network_flags: tuple, evaluation_envs: int, acting_floats: int
 ) -> list[tuple[str, int, tuple[str, ...]]]:
-    """The needs (for `check_run_memory`) of the networks and environments of a run: in training, `copies` float32
-    copies of a network of `parameters` (weights, target network, gradients, optimizer moments) and --num-envs envs;
+    """The needs (for `check_run_memory`) every script has: in training, `copies` float32 copies of a network of
+    `parameters` (weights, target network, gradients, optimizer moments), --num-envs envs and the action log;
     with --save-model or --eval-only, the evaluation's network with its model file's weights read twice (once to
     take the flags, once to load) and its `evaluation_envs` envs (one with --capture-video), whose every forward pass
     holds at most `acting_floats` floats per env (as the training envs' do: no gradient is kept)."""
@@ -309,4 +309,6 @@ def network_and_env_needs(
     networks = network_memory_bytes(parameters, copies + evaluation_copies)
     needs.append(("the network and its copies", networks, network_flags))
     acting = env_memory_bytes(args.env_id, args.num_envs) + FLOAT_BYTES * acting_floats * args.num_envs
-    return needs + [("the training environments", acting, ("num_envs",))]
+    # a byte per agent step: every action is logged for a resume to replay (check_common_flags checks it alone)
+    action_log = ("the action log", rounded_total(args, args.total_timesteps), ("total_timesteps",))
+    return needs + [("the training environments", acting, ("num_envs",)), action_log]
