@@ -218,8 +218,9 @@ def network_memory_bytes(parameters: int, copies: int) -> int:
 def activation_memory_bytes(samples: int, floats_per_sample: int) -> int:
     """Bytes of an update's activations: every layer output of the `samples` inputs of a differentiated pass
     (`floats_per_sample` floats each) kept for the backward pass, and half as much again for the gradients and
-    temporaries alive at the peak. Measured against R2D2's Atari update (batches of 4 and 8 sequences, CPU): the
-    estimate is 1.7 times the growth of the peak memory per trained position (125 MB for 4 more sequences of 85)."""
+    temporaries alive at the peak. Against the growth of a process's peak memory with the batch (CPU, one update),
+    the scripts' estimates are upper bounds: 1.7 times for R2D2's Atari update (batches of 4 and 8 sequences of 85
+    trained positions: 125 MB more), 3.1 times for IQN's (batches of 8 and 32: 88 MB more)."""
     return FLOAT_BYTES * samples * floats_per_sample * 3 // 2
 
 
