@@ -140,10 +140,8 @@ def memory_needs(args: Args, obs_shape: tuple, num_actions: int) -> list:
     with its target, gradients and two Adam moments, an update's activations (the online pass at N levels, the target
     pass at K + N', the loss's N x N' pairs), the environments (evaluation plays one)."""
     parameters, per_level, per_observation = network_sizes(args, obs_shape, num_actions)
-    levels, pairs = (
-        args.num_tau_samples + args.num_quantile_samples + args.num_tau_prime_samples,
-        6 * args.num_tau_samples * args.num_tau_prime_samples,
-    )
+    levels = args.num_tau_samples + args.num_quantile_samples + args.num_tau_prime_samples
+    pairs = 6 * args.num_tau_samples * args.num_tau_prime_samples  # the loss's tensors over (N, N') pairs
     acting = per_observation + args.num_quantile_samples * per_level
     network_flags = ("hidden_size", "quantile_embedding_dim")
     needs = flag_checks.common_needs(args, parameters, 5, network_flags, 1, acting)

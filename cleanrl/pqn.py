@@ -110,16 +110,13 @@ def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> i
 
 def network_sizes(obs_shape: tuple, num_actions: int) -> tuple[int, int]:
     """(parameters, floats of every layer output for one observation) of QNetwork, counted from its layers."""
-    if len(obs_shape) == 3:
-        height, width, channels = obs_shape
-        grid = 16 * (height - 2) * (width - 2)
-        parameters = flag_checks.conv_parameters(channels, 16, 3) + 2 * grid + flag_checks.linear_parameters(grid, 128)
-        return parameters + 2 * 128 + flag_checks.linear_parameters(
-            128, num_actions
-        ), 2 * height * width * channels + 3 * grid + 3 * 128 + num_actions
-    inputs = int(np.prod(obs_shape))
-    parameters = flag_checks.linear_parameters(inputs, 120) + 2 * 120 + flag_checks.linear_parameters(120, 84) + 2 * 84
-    return parameters + flag_checks.linear_parameters(84, num_actions), inputs + 3 * 120 + 3 * 84 + num_actions
+    linear, inputs = flag_checks.linear_parameters, int(np.prod(obs_shape))
+    if len(obs_shape) == 3:  # MinAtar grid: convolution, LayerNorm, ReLU, then 128 units
+        grid = 16 * (obs_shape[0] - 2) * (obs_shape[1] - 2)
+        parameters = flag_checks.conv_parameters(obs_shape[2], 16, 3) + 2 * grid + linear(grid, 128) + 2 * 128
+        return parameters + linear(128, num_actions), 2 * inputs + 3 * grid + 3 * 128 + num_actions
+    parameters = linear(inputs, 120) + 2 * 120 + linear(120, 84) + 2 * 84  # each layer with its LayerNorm
+    return parameters + linear(84, num_actions), inputs + 3 * 120 + 3 * 84 + num_actions
 
 
 def memory_needs(args: Args, obs_shape: tuple, num_actions: int) -> list:

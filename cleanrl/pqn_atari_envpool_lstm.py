@@ -112,9 +112,8 @@ def network_sizes(num_actions: int) -> tuple[int, int]:
     parameters = sum(flag_checks.conv_parameters(i, o, k) + 2 * o * side * side for i, o, k, side in convs)
     parameters += flag_checks.linear_parameters(3136, 512) + 2 * 512
     floats = 2 * channels * 84 * 84 + sum(3 * o * side * side for _, o, _, side in convs) + 3 * 512
-    return parameters + flag_checks.lstm_parameters(512, 128) + flag_checks.linear_parameters(
-        128, num_actions
-    ), floats + 8 * 128 + num_actions
+    parameters += flag_checks.lstm_parameters(512, 128) + flag_checks.linear_parameters(128, num_actions)
+    return parameters, floats + 8 * 128 + num_actions
 
 
 def memory_needs(args: Args, obs_shape: tuple, obs_dtype, num_actions: int) -> list:
