@@ -138,10 +138,43 @@ def validate_args(args: Args) -> None:
             ("exploration_fraction", args.exploration_fraction, args.exploration_fraction > 0, "must be in (0, 1]"),
         ]
     )
-    obs_shape = flag_checks.check_env_id(args.env_id).observation_space.shape
+    spec = flag_checks.check_env_id(args.env_id)
     # numpy allocates lazily, so an oversized buffer would only fail (or start swapping) hours into the run.
-    needed = replay_memory_bytes(args, obs_shape, buffer_obs_dtype(obs_shape))
-    flag_checks.check_memory(needed, "the replay", f"--buffer-size={args.buffer_size}")
+    flag_checks.check_run_memory(args, memory_needs(args, spec.observation_space.shape, spec.action_space.n))
+
+
+def network_sizes(args: Args, obs_shape: tuple, num_actions: int) -> tuple[int, int]:
+    """(parameters, floats of every layer output for one observation) of DuelingQNetwork, counted from its layers."""
+    linear, inputs = flag_checks.linear_parameters, int(np.prod(obs_shape))
+    if len(obs_shape) == 3 and obs_shape[0] == obs_shape[1]:  # MinAtar grid
+        features, hidden = 16 * (obs_shape[0] - 2) * (obs_shape[1] - 2), 128
+        torso, floats = flag_checks.conv_parameters(obs_shape[2], 16, 3), 2 * inputs + 2 * features
+    elif len(obs_shape) == 3:  # stacked Atari frames
+        features, hidden = 3136, 512
+        convs = [(obs_shape[0], 32, 8, 20), (32, 64, 4, 9), (64, 64, 3, 7)]  # (in, out, kernel, output side)
+        torso = sum(flag_checks.conv_parameters(i, o, k) for i, o, k, _ in convs)
+        floats = 2 * inputs + sum(2 * o * side * side for _, o, _, side in convs)
+    else:
+        features = hidden = args.hidden_size
+        torso, floats = linear(inputs, hidden), inputs + 2 * hidden
+    streams = 2 * linear(features, hidden) + linear(hidden, 1) + linear(hidden, num_actions)
+    return torso + streams, floats + 4 * hidden + 1 + 3 * num_actions
+
+
+def memory_needs(args: Args, obs_shape: tuple, num_actions: int) -> list:
+    """What a run allocates in proportion to its flags, for `flag_checks.check_run_memory`: the replay, the network
+    with its target, gradients and two Adam moments, an update's activations (the online pass that is
+    differentiated and the two passes over the next observations), the environments."""
+    parameters, floats = network_sizes(args, obs_shape, num_actions)
+    needs = flag_checks.common_needs(args, parameters, 5, ("hidden_size",), args.eval_episodes, floats)
+    if args.eval_only:
+        return needs
+    replay = replay_memory_bytes(args, obs_shape, buffer_obs_dtype(obs_shape))
+    update = flag_checks.activation_memory_bytes(2 * args.batch_size, floats)
+    return needs + [
+        ("the replay", replay, ("buffer_size",)),
+        ("an update's activations", update, ("batch_size", "hidden_size")),
+    ]
 
 
 def buffer_obs_dtype(obs_shape: tuple):

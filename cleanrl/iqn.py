@@ -139,8 +139,42 @@ def validate_args(args: Args) -> None:
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 4):
         needs = f"must hold --learning-starts={args.learning_starts} steps and at least 4 steps per environment"
         flag_checks.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
-    needed = replay_memory_bytes(args, spec.observation_space.shape)
-    flag_checks.check_memory(needed, "the replay", f"--buffer-size={args.buffer_size}")
+    flag_checks.check_run_memory(args, memory_needs(args, spec.observation_space.shape, spec.action_space.n))
+
+
+def network_sizes(args: Args, obs_shape: tuple, num_actions: int) -> tuple[int, int, int]:
+    """(parameters, floats of every layer output per quantile level, and per observation) of QuantileNetwork, counted
+    from its layers."""
+    linear, inputs = flag_checks.linear_parameters, int(np.prod(obs_shape))
+    if len(obs_shape) == 3:  # MinAtar grid
+        features, hidden = 16 * (obs_shape[0] - 2) * (obs_shape[1] - 2), 128
+        torso = flag_checks.conv_parameters(obs_shape[2], 16, 3)
+    else:
+        features = hidden = args.hidden_size
+        torso = linear(inputs, hidden)
+    embedding = args.quantile_embedding_dim
+    parameters = torso + linear(embedding, features) + linear(features, hidden) + linear(hidden, num_actions)
+    return parameters, embedding + 3 * features + 2 * hidden + num_actions, 2 * inputs + 2 * features
+
+
+def memory_needs(args: Args, obs_shape: tuple, num_actions: int) -> list:
+    """What a run allocates in proportion to its flags, for `flag_checks.check_run_memory`: the replay, the network
+    with its target, gradients and two Adam moments, an update's activations (the online pass at N levels, the target
+    pass at K + N', the loss's N x N' pairs), the environments (evaluation plays one)."""
+    parameters, per_level, per_observation = network_sizes(args, obs_shape, num_actions)
+    levels = args.num_tau_samples + args.num_quantile_samples + args.num_tau_prime_samples
+    pairs = 6 * args.num_tau_samples * args.num_tau_prime_samples  # the loss's tensors over (N, N') pairs
+    acting = per_observation + args.num_quantile_samples * per_level
+    network_flags = ("hidden_size", "quantile_embedding_dim")
+    needs = flag_checks.common_needs(args, parameters, 5, network_flags, 1, acting)
+    if args.eval_only:
+        return needs
+    update = flag_checks.activation_memory_bytes(args.batch_size, 2 * per_observation + levels * per_level + pairs)
+    flags = ("batch_size", "num_tau_samples", "num_tau_prime_samples", "num_quantile_samples") + network_flags
+    return needs + [
+        ("the replay", replay_memory_bytes(args, obs_shape), ("buffer_size",)),
+        ("an update's activations", update, flags),
+    ]
 
 
 def make_env(env_id: str, num_envs: int, seed: int):

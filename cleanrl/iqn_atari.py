@@ -113,7 +113,7 @@ class Args:
 
 def validate_args(args: Args) -> None:
     flag_checks.check_common_flags(args)
-    flag_checks.check_env_id(args.env_id, atari=True)
+    spec = flag_checks.check_env_id(args.env_id, atari=True)
     if args.exploration_fraction == 0:  # `linear_schedule` divides by the decay's length
         flag_checks.flag_error("exploration_fraction", args.exploration_fraction, "must be in (0, 1]")
     if args.learning_starts < args.batch_size:
@@ -121,7 +121,38 @@ def validate_args(args: Args) -> None:
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 2 * STACK_NUM + 2):
         needs = f"must hold --learning-starts={args.learning_starts} steps and at least {2 * STACK_NUM + 2} per environment"
         flag_checks.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
-    flag_checks.check_memory(replay_memory_bytes(args, (84, 84)), "the replay", f"--buffer-size={args.buffer_size}")
+    flag_checks.check_run_memory(args, memory_needs(args, (STACK_NUM, 84, 84), spec.action_space.n))
+
+
+def network_sizes(args: Args, obs_shape: tuple, num_actions: int) -> tuple[int, int, int]:
+    """(parameters, floats of every layer output per quantile level, and per observation) of QuantileNetwork, counted
+    from its layers."""
+    linear, features, hidden, embedding = flag_checks.linear_parameters, 3136, args.hidden_size, args.quantile_embedding_dim
+    convs = [(obs_shape[0], 32, 8, 20), (32, 64, 4, 9), (64, 64, 3, 7)]  # (in, out, kernel, output side)
+    torso = sum(flag_checks.conv_parameters(i, o, k) for i, o, k, _ in convs)
+    per_observation = 2 * int(np.prod(obs_shape)) + sum(2 * o * side * side for _, o, _, side in convs)
+    parameters = torso + linear(embedding, features) + linear(features, hidden) + linear(hidden, num_actions)
+    return parameters, embedding + 3 * features + 2 * hidden + num_actions, per_observation
+
+
+def memory_needs(args: Args, obs_shape: tuple, num_actions: int) -> list:
+    """What a run allocates in proportion to its flags, for `flag_checks.check_run_memory`: the replay, the network
+    with its target, gradients and two Adam moments, an update's activations (the online pass at N levels, the target
+    pass at K + N', the loss's N x N' pairs), the environments (evaluation plays one)."""
+    parameters, per_level, per_observation = network_sizes(args, obs_shape, num_actions)
+    levels = args.num_tau_samples + args.num_quantile_samples + args.num_tau_prime_samples
+    pairs = 6 * args.num_tau_samples * args.num_tau_prime_samples  # the loss's tensors over (N, N') pairs
+    acting = per_observation + args.num_quantile_samples * per_level
+    network_flags = ("hidden_size", "quantile_embedding_dim")
+    needs = flag_checks.common_needs(args, parameters, 5, network_flags, 1, acting)
+    if args.eval_only:
+        return needs
+    update = flag_checks.activation_memory_bytes(args.batch_size, 2 * per_observation + levels * per_level + pairs)
+    flags = ("batch_size", "num_tau_samples", "num_tau_prime_samples", "num_quantile_samples") + network_flags
+    return needs + [
+        ("the replay", replay_memory_bytes(args, obs_shape[1:]), ("buffer_size",)),
+        ("an update's activations", update, flags),
+    ]
 
 
 STACK_NUM = 4  # frames per observation: the agent sees the last 4 (max-pooled) frames

@@ -108,12 +108,36 @@ def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> i
     return args.num_steps * args.num_envs * per_step
 
 
+def network_sizes(obs_shape: tuple, num_actions: int) -> tuple[int, int]:
+    """(parameters, floats of every layer output for one observation) of QNetwork, counted from its layers."""
+    linear, inputs = flag_checks.linear_parameters, int(np.prod(obs_shape))
+    if len(obs_shape) == 3:  # MinAtar grid: convolution, LayerNorm, ReLU, then 128 units
+        grid = 16 * (obs_shape[0] - 2) * (obs_shape[1] - 2)
+        parameters = flag_checks.conv_parameters(obs_shape[2], 16, 3) + 2 * grid + linear(grid, 128) + 2 * 128
+        return parameters + linear(128, num_actions), 2 * inputs + 3 * grid + 3 * 128 + num_actions
+    parameters = linear(inputs, 120) + 2 * 120 + linear(120, 84) + 2 * 84  # each layer with its LayerNorm
+    return parameters + linear(84, num_actions), inputs + 3 * 120 + 3 * 84 + num_actions
+
+
+def memory_needs(args: Args, obs_shape: tuple, num_actions: int) -> list:
+    """What a run allocates in proportion to its flags, for `flag_checks.check_run_memory`: the rollout (float32
+    observations whatever the env's dtype), the network with its gradients and two RAdam moments (no target network),
+    a minibatch's activations, the environments."""
+    parameters, floats = network_sizes(obs_shape, num_actions)
+    needs = flag_checks.common_needs(args, parameters, 4, ("env_id",), args.eval_episodes, floats)
+    if args.eval_only:
+        return needs
+    rollout = ("the rollout storage", rollout_memory_bytes(args, obs_shape, np.float32), ("num_envs", "num_steps"))
+    minibatch = args.num_envs * args.num_steps // args.num_minibatches
+    update = flag_checks.activation_memory_bytes(minibatch, floats)
+    return needs + [rollout, ("an update's activations", update, ("num_envs", "num_steps", "num_minibatches"))]
+
+
 def validate_args(args: Args) -> None:
     """Stops with one clear message on flags that cannot work, before anything is built."""
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=False)
-    needed = rollout_memory_bytes(args, spec.observation_space.shape, np.float32)  # float32 whatever the env's dtype
-    flag_checks.check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
+    flag_checks.check_run_memory(args, memory_needs(args, spec.observation_space.shape, spec.action_space.n))
     batch_size = args.num_envs * args.num_steps
     batch = f"num_envs * num_steps = {batch_size}"
     flag_checks.check_flags(

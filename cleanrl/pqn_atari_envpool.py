@@ -102,12 +102,34 @@ def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> i
     return args.num_steps * args.num_envs * per_step
 
 
+def network_sizes(num_actions: int) -> tuple[int, int]:
+    """(parameters, floats of every layer output for one observation) of QNetwork, counted from its layers."""
+    channels = 4
+    convs = [(channels, 32, 8, 20), (32, 64, 4, 9), (64, 64, 3, 7)]  # (in, out, kernel, output side)
+    parameters = sum(flag_checks.conv_parameters(i, o, k) + 2 * o * side * side for i, o, k, side in convs)
+    parameters += flag_checks.linear_parameters(3136, 512) + 2 * 512
+    floats = 2 * channels * 84 * 84 + sum(3 * o * side * side for _, o, _, side in convs) + 3 * 512
+    return parameters + flag_checks.linear_parameters(512, num_actions), floats + num_actions
+
+
+def memory_needs(args: Args, obs_shape: tuple, obs_dtype, num_actions: int) -> list:
+    """What a run allocates in proportion to its flags, for `flag_checks.check_run_memory`: the rollout, the network
+    with its gradients and two RAdam moments (no target network), a minibatch's activations, the environments."""
+    parameters, floats = network_sizes(num_actions)
+    needs = flag_checks.common_needs(args, parameters, 4, ("env_id",), args.eval_episodes, floats)
+    if args.eval_only:
+        return needs
+    rollout = ("the rollout storage", rollout_memory_bytes(args, obs_shape, obs_dtype), ("num_envs", "num_steps"))
+    update = flag_checks.activation_memory_bytes(args.num_envs * args.num_steps // args.num_minibatches, floats)
+    return needs + [rollout, ("an update's activations", update, ("num_envs", "num_steps", "num_minibatches"))]
+
+
 def validate_args(args: Args) -> None:
     """Stops with one clear message on flags that cannot work, before anything is built."""
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=True)
-    needed = rollout_memory_bytes(args, spec.observation_space.shape, spec.observation_space.dtype)
-    flag_checks.check_memory(needed, "the rollout storage", f"--num-envs={args.num_envs} --num-steps={args.num_steps}")
+    needs = memory_needs(args, spec.observation_space.shape, spec.observation_space.dtype, spec.action_space.n)
+    flag_checks.check_run_memory(args, needs)
     batch_size = args.num_envs * args.num_steps
     batch = f"num_envs * num_steps = {batch_size}"
     flag_checks.check_flags(

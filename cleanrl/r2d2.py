@@ -153,8 +153,41 @@ def validate_args(args: Args) -> None:
     ]
     flag_checks.check_flags(checks)
     obs_shape = observe(np.zeros((1, *spec.observation_space.shape)), args.mask_velocity).shape[1:]
-    needed = replay_memory_bytes(args, obs_shape, spec.observation_space.dtype)
-    flag_checks.check_memory(needed, "the replay", f"--buffer-size={args.buffer_size}")
+    flag_checks.check_run_memory(args, memory_needs(args, obs_shape, spec.action_space.n, spec.observation_space.dtype))
+
+
+def network_sizes(args: Args, obs_shape: tuple, num_actions: int) -> tuple[int, int]:
+    """(parameters, floats of every layer output for one step of one sequence) of QNetwork, counted from its layers."""
+    inputs = int(np.prod(obs_shape))
+    if len(obs_shape) == 3:  # MinAtar grid
+        grid, features = 16 * (obs_shape[0] - 2) * (obs_shape[1] - 2), 128
+        torso = flag_checks.conv_parameters(obs_shape[2], 16, 3) + flag_checks.linear_parameters(grid, features)
+        floats = 2 * inputs + 2 * grid + 2 * features
+    else:
+        features = args.lstm_size
+        torso, floats = flag_checks.linear_parameters(inputs, features), inputs + 2 * features
+    lstm, size = flag_checks.lstm_parameters(features + num_actions + 1, args.lstm_size), args.lstm_size
+    heads = 2 * flag_checks.linear_parameters(size, size) + flag_checks.linear_parameters(size, 1)
+    heads += flag_checks.linear_parameters(size, num_actions)
+    # per step: the LSTM's input, its four gates, state and output, the two heads, the dueling combination
+    return torso + lstm + heads, floats + features + num_actions + 1 + 11 * size + 4 * num_actions + 1
+
+
+def memory_needs(args: Args, obs_shape: tuple, num_actions: int, obs_dtype) -> list:
+    """What a run allocates in proportion to its flags, for `flag_checks.check_run_memory`: the replay, the network
+    with its target, gradients and two Adam moments, an update's activations (the unroll that is differentiated, over
+    the trained and n-step positions of the batch's sequences), the environments."""
+    parameters, per_step = network_sizes(args, obs_shape, num_actions)
+    needs = flag_checks.common_needs(args, parameters, 5, ("lstm_size",), args.eval_episodes, per_step)
+    if args.eval_only:
+        return needs
+    positions = args.batch_size * (args.seq_len + args.n_step)  # the burn-in and target unrolls keep nothing
+    update = flag_checks.activation_memory_bytes(positions, per_step)
+    flags = ("batch_size", "seq_len", "n_step", "lstm_size")
+    return needs + [
+        ("the replay", replay_memory_bytes(args, obs_shape, obs_dtype), ("buffer_size",)),
+        ("an update's activations", update, flags),
+    ]
 
 
 def make_env(env_id: str, num_envs: int, seed: int):

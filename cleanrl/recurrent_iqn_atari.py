@@ -144,14 +144,54 @@ class Args:
 
 def validate_args(args):
     flag_checks.check_common_flags(args)
-    flag_checks.check_env_id(args.env_id, atari=True)
+    spec = flag_checks.check_env_id(args.env_id, atari=True)
     two_windows = 2 * (args.burn_in + args.seq_len + args.n_step) * args.num_envs
     if args.buffer_size < two_windows:
         rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
         flag_checks.flag_error("buffer_size", args.buffer_size, rule)
     space = envpool.make_spec(args.env_id, stack_num=1).observation_space  # the spec only: no environment is built
-    need = replay_memory_bytes(args, space.shape, space.dtype)
-    flag_checks.check_memory(need, "the replay", f"--buffer-size={args.buffer_size}")
+    flag_checks.check_run_memory(args, memory_needs(args, space.shape, spec.action_space.n, space.dtype))
+
+
+def network_sizes(args, obs_shape, num_actions) -> tuple[int, int, int]:
+    """(parameters, floats of every layer output per step of a sequence, and per quantile level of a step) of
+    QNetwork, counted from its layers."""
+    linear, torso_size = flag_checks.linear_parameters, 3136
+    convs = [(obs_shape[0], 32, 8, 20), (32, 64, 4, 9), (64, 64, 3, 7)]  # (in, out, kernel, output side)
+    parameters = sum(flag_checks.conv_parameters(i, o, k) for i, o, k, _ in convs)
+    per_step = 2 * int(np.prod(obs_shape)) + sum(2 * o * side * side for _, o, _, side in convs)
+    lstm_inputs = torso_size + num_actions + 2
+    embedded = lstm_inputs if args.iqn_before_lstm else args.lstm_size
+    branches = 2 * linear(args.lstm_size, args.hidden_size) + linear(args.hidden_size, num_actions)
+    branches += linear(args.hidden_size, 1)
+    parameters += flag_checks.lstm_parameters(lstm_inputs, args.lstm_size) + linear(args.quantile_embedding_dim, embedded)
+    parameters += args.quantile_embedding_dim + branches  # the cosine frequencies, a buffer saved with the weights
+    per_step += 2 * lstm_inputs + 7 * args.lstm_size  # the LSTM's input, four gates, state and output
+    per_level = args.quantile_embedding_dim + 2 * embedded + args.lstm_size + 4 * args.hidden_size + 3 * num_actions + 1
+    if args.iqn_before_lstm:  # the LSTM runs once per quantile level
+        per_level += lstm_inputs + 7 * args.lstm_size
+    return parameters, per_step, per_level
+
+
+def memory_needs(args, obs_shape, num_actions, obs_dtype) -> list:
+    """What a run allocates in proportion to its flags, for `flag_checks.check_run_memory`: the replay, the network
+    with its target, gradients and two Adam moments, an update's activations (the differentiated unroll over the
+    trained and n-step positions at N levels, the target and selection passes over the window at N' and K levels, the
+    loss's N x N' pairs), the environments (evaluation plays up to 32)."""
+    parameters, per_step, per_level = network_sizes(args, obs_shape, num_actions)
+    network_flags = ("lstm_size", "hidden_size", "quantile_embedding_dim")
+    acting = per_step + args.num_quantile_samples * per_level
+    evaluation_envs = min(args.eval_episodes, 32)
+    needs = flag_checks.common_needs(args, parameters, 5, network_flags, evaluation_envs, acting)
+    if args.eval_only:
+        return needs
+    N, N_prime, K = args.num_tau_samples, args.num_tau_prime_samples, args.num_quantile_samples
+    trained, window = args.seq_len + args.n_step, args.burn_in + args.seq_len + args.n_step
+    per_sequence = trained * (per_step + N * per_level) + window * (N_prime + K) * per_level + 6 * args.seq_len * N * N_prime
+    update = flag_checks.activation_memory_bytes(args.batch_size, per_sequence)
+    flags = ("batch_size", "seq_len", "num_tau_samples", "num_tau_prime_samples", "num_quantile_samples", "burn_in")
+    update_need = ("an update's activations", update, flags + ("n_step",) + network_flags)
+    return needs + [("the replay", replay_memory_bytes(args, obs_shape, obs_dtype), ("buffer_size",)), update_need]
 
 
 def make_env(env_id, num_envs, seed, max_episode_steps, reward_clip):

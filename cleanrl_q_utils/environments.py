@@ -1,8 +1,12 @@
 """Environment helpers that are not the algorithm: the recording env of `--capture-video` (envpool does not render),
 the flags of an Atari step at the step cap, and the rebuilding of envpool envs on resume (`replay_actions` steps the
-logged actions again; `FirstStepIsReset` starts fresh games with a reset step)."""
+logged actions again; `FirstStepIsReset` starts fresh games with a reset step). A video file is written whole or not
+at all (`write_whole_video`)."""
 
+import contextlib
 import os
+import signal
+import threading
 import time
 import warnings
 from typing import Optional
@@ -43,6 +47,87 @@ class FirstStepIsReset:
         return obs, np.zeros(len(obs), dtype=np.float32), no, no.copy(), info
 
 
+class WholeVideos(gym.wrappers.RecordVideo):
+    """gymnasium's recorder of every episode, whose videos appear only complete (`write_whole_video`)."""
+
+    def __init__(self, env: gym.Env, video_folder: str):
+        super().__init__(env, video_folder, episode_trigger=lambda _: True)
+
+    def stop_recording(self):
+        frames, path = self.recorded_frames, os.path.join(self.video_folder, f"{self._video_name}.mp4")
+        self.recorded_frames, self.recording, self._video_name = [], False, None
+        if frames:
+            write_whole_video(frames, self.frames_per_sec, path)
+
+
+class VideoDropped(Exception):
+    """A signal arrived during an encoding, and its handler let the process go on: that video is not kept."""
+
+
+def write_whole_video(frames: list[np.ndarray], fps: float, path: str) -> None:
+    """Encodes `frames` (RGB uint8) to the mp4 video `path`, which appears only complete: the encoder writes a hidden
+    temporary file (`.<name>.part.mp4`, the ending picks the format), renamed when it is done. An error or a SIGINT,
+    SIGTERM or SIGHUP during the encoding stops the encoder and removes that file before the signal is answered as
+    before (the handler may end the process at once, where no `finally` would run): an interrupted evaluation leaves
+    no truncated, unplayable video. Only a SIGKILL can leave the hidden file behind."""
+    from moviepy.video.io.ffmpeg_writer import FFMPEG_VideoWriter
+
+    folder, name = os.path.split(path)
+    partial = os.path.join(folder, f".{name[: -len('.mp4')]}.part.mp4")
+    height, width = frames[0].shape[:2]
+    writer = FFMPEG_VideoWriter(partial, (width, height), fps)
+
+    def discard():
+        if writer.proc is not None:
+            writer.proc.kill()
+            writer.proc.wait()
+            writer.proc = None
+        with contextlib.suppress(OSError):
+            os.remove(partial)
+
+    try:
+        with discarded_on_signal(discard):
+            for frame in frames:
+                writer.write_frame(frame)
+            writer.close()
+    except VideoDropped:
+        print(f"note: the video {path} was not kept: a signal arrived while it was being encoded")
+        return
+    except BaseException:
+        discard()
+        raise
+    os.replace(partial, path)
+
+
+@contextlib.contextmanager
+def discarded_on_signal(discard):
+    """While the block runs, a SIGINT, SIGTERM or SIGHUP first calls `discard()`, then is answered by the handler that
+    was installed; where that handler returns (the process goes on), the block ends with VideoDropped."""
+    if threading.current_thread() is not threading.main_thread():  # handlers can only be set in the main thread
+        yield
+        return
+    handled = [sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(sig) != signal.SIG_IGN]
+    previous = {sig: signal.getsignal(sig) for sig in handled}
+
+    def discard_then_answer(signum, frame):
+        discard()
+        answer = previous[signum]
+        if callable(answer):
+            answer(signum, frame)
+        else:  # SIG_DFL, or a handler not installed from Python: the default action, which ends the process
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        raise VideoDropped()
+
+    for sig in handled:
+        signal.signal(sig, discard_then_answer)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
 def make_video_env(
     env_id: str, video_folder: str, frame_stack: int = 4, max_episode_steps: Optional[int] = None, episodic_life: bool = True
 ):
@@ -52,17 +137,17 @@ def make_video_env(
     it only at the start of a game, so the recorded game is the one trained and scored."""
     check_video_modules(env_id)
     if minatar.is_minatar(env_id):
-        return minatar.make_video_env(env_id, video_folder)
+        return WholeVideos(minatar.make_rendering_env(env_id), video_folder)
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # frames are drawn off-screen: no display needed (or complained of)
     if env_id.endswith("-v5"):
         import ale_py
 
         gym.register_envs(ale_py)
     if not env_id.endswith("-v5"):
-        return gym.wrappers.RecordVideo(gym.make(env_id, render_mode="rgb_array"), video_folder, lambda _: True)
+        return WholeVideos(gym.make(env_id, render_mode="rgb_array"), video_folder)
     frames = {} if max_episode_steps is None else {"max_num_frames_per_episode": 4 * max_episode_steps}
     env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array", **frames)
-    env = gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda _: True)
+    env = WholeVideos(env, video_folder)
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False)
     env = FireAfterLifeLoss(env, episodic_life) if "FIRE" in env.unwrapped.get_action_meanings() else env
     return gym.wrappers.FrameStackObservation(env, frame_stack) if frame_stack > 1 else env

@@ -194,3 +194,122 @@ def is_plain_name(name, most_bytes: int = 255) -> bool:
     """A name that is one folder or file name: no path separator, not `.` or `..`, not empty, not too long."""
     plain = isinstance(name, str) and name not in ("", ".", "..") and not {"/", "\x00"} & set(name)
     return plain and len(name.encode()) <= most_bytes
+
+
+# Resident memory one environment adds, rounded up from measurements (process RSS before and after building 8 to 1,024
+# envs and stepping them 50 times, envpool 1.2 on a 2-core CPU): envpool Atari 1.3-1.7 MB, envpool CartPole 9-17 KB,
+# a MinAtar game under gymnasium about 20 KB (after a one-off 100 MB for the package, not counted here).
+ENV_BYTES = {"atari": 2 * 2**20, "classic": 64 * 2**10, "minatar": 64 * 2**10}
+FLOAT_BYTES = 4  # the networks, their gradients and optimizer moments, and their activations are float32
+
+
+def env_memory_bytes(env_id: str, count: int) -> int:
+    """An upper bound of the memory `count` environments of `env_id` take (ENV_BYTES)."""
+    kind = "atari" if env_id.endswith("-v5") else "minatar" if minatar.is_minatar(env_id) else "classic"
+    return count * ENV_BYTES[kind]
+
+
+def network_memory_bytes(parameters: int, copies: int) -> int:
+    """Bytes of `copies` float32 copies of a network of `parameters` parameters: the weights, a target network, the
+    gradients, the optimizer's moments, a model file's weights read back."""
+    return FLOAT_BYTES * parameters * copies
+
+
+def activation_memory_bytes(samples: int, floats_per_sample: int) -> int:
+    """Bytes of an update's activations: every layer output of the `samples` inputs of a differentiated pass
+    (`floats_per_sample` floats each) kept for the backward pass, and half as much again for the gradients and
+    temporaries alive at the peak. Against the growth of a process's peak memory with the batch (CPU, one update),
+    the scripts' estimates are upper bounds: 1.7 times for R2D2's Atari update (batches of 4 and 8 sequences of 85
+    trained positions: 125 MB more), 3.1 times for IQN's (batches of 8 and 32: 88 MB more)."""
+    return FLOAT_BYTES * samples * floats_per_sample * 3 // 2
+
+
+def linear_parameters(inputs: int, outputs: int) -> int:
+    """Parameters of nn.Linear(inputs, outputs): weights and biases."""
+    return inputs * outputs + outputs
+
+
+def lstm_parameters(inputs: int, hidden: int) -> int:
+    """Parameters of a one-layer nn.LSTM (or LSTMCell): four gates, each with input and hidden weights and two biases."""
+    return 4 * (inputs * hidden + hidden * hidden + 2 * hidden)
+
+
+def conv_parameters(in_channels: int, out_channels: int, kernel: int) -> int:
+    return in_channels * out_channels * kernel * kernel + out_channels
+
+
+# What a run holds in the GPU's memory when it trains on one (--cuda and a GPU present); the rest stays in RAM.
+DEVICE_NEEDS = ("the network", "the network and its copies", "an update's activations")
+
+
+def check_run_memory(args, needs: list[tuple[str, int, tuple[str, ...]]]) -> None:
+    """Stops before anything is built when the sum of what the run will allocate does not fit in the available RAM, or
+    in the GPU's free memory for what a GPU run holds there (DEVICE_NEEDS). `needs` holds (what, bytes, flags that set
+    its size) for each allocation that grows with a flag: the replay or rollout, the networks with their copies, an
+    update's activations, the environments."""
+    on_gpu = gpu_used(args)
+    refuse_beyond(args, [need for need in needs if not (on_gpu and need[0] in DEVICE_NEEDS)], available_memory_bytes(), "")
+    if on_gpu:
+        import torch
+
+        on_device = [need for need in needs if need[0] in DEVICE_NEEDS]
+        refuse_beyond(args, on_device, torch.cuda.mem_get_info()[0], " on the GPU")
+
+
+def gpu_used(args) -> bool:
+    """Whether the run will put its networks on a GPU (as run_folder.pick_device decides)."""
+    if not getattr(args, "cuda", False):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def refuse_beyond(args, needs: list[tuple[str, int, tuple[str, ...]]], available: int, where: str) -> None:
+    """Stops when the `needs` add up to more than `available` bytes, with one line naming the flags of the largest
+    need (the flag furthest above its default first), its size and every other need's share."""
+    total = sum(size for _, size, _ in needs)
+    if total <= available:
+        return
+    needs = sorted(needs, key=lambda need: -need[1])
+    what, largest, flags = needs[0]
+    defaults = type(args)()
+
+    def above_default(flag: str) -> float:
+        default = getattr(defaults, flag, None)
+        return getattr(args, flag) / default if isinstance(default, int) and default > 0 else 1.0
+
+    named = " ".join(
+        f"--{flag.replace('_', '-')}={getattr(args, flag)}" for flag in sorted(flags, key=lambda flag: -above_default(flag))
+    )
+    rest = ", ".join(f"{other} {size / 1e9:,.1f} GB" for other, size, _ in needs[1:] if size >= 0.05e9)
+    whole = f" (about {total / 1e9:,.1f} GB in all; {rest})" if rest else ""
+    verb = "need" if what.endswith("s") else "needs"
+    raise SystemExit(
+        f"error: {named}: {what} {verb} about {largest / 1e9:,.1f} GB{whole} but {available / 1e9:,.1f} GB are available"
+        f"{where}; lower it"
+    )
+
+
+def common_needs(
+    args, parameters: int, copies: int, network_flags: tuple, evaluation_envs: int, acting_floats: int
+) -> list[tuple[str, int, tuple[str, ...]]]:
+    """The needs (for `check_run_memory`) every script has: in training, `copies` float32 copies of a network of
+    `parameters` (weights, target network, gradients, optimizer moments), --num-envs envs and the action log;
+    with --save-model or --eval-only, the evaluation's network with its model file's weights read twice (once to
+    take the flags, once to load) and its `evaluation_envs` envs (one with --capture-video), whose every forward pass
+    holds at most `acting_floats` floats per env (as the training envs' do: no gradient is kept)."""
+    needs = []
+    if args.eval_only or args.save_model:
+        envs = 1 if args.capture_video else evaluation_envs
+        playing = env_memory_bytes(args.env_id, envs) + FLOAT_BYTES * acting_floats * envs
+        needs.append(("the evaluation environments", playing, ("eval_episodes",)))
+    evaluation_copies = 3 if args.eval_only or args.save_model else 0
+    if args.eval_only:
+        return needs + [("the network", network_memory_bytes(parameters, evaluation_copies), network_flags)]
+    networks = network_memory_bytes(parameters, copies + evaluation_copies)
+    needs.append(("the network and its copies", networks, network_flags))
+    acting = env_memory_bytes(args.env_id, args.num_envs) + FLOAT_BYTES * acting_floats * args.num_envs
+    # a byte per agent step: every action is logged for a resume to replay (check_common_flags checks it alone)
+    action_log = ("the action log", rounded_total(args, args.total_timesteps), ("total_timesteps",))
+    return needs + [("the training environments", acting, ("num_envs",)), action_log]

@@ -1,6 +1,6 @@
 """MinAtar (Young & Tian 2019, "MinAtar: An Atari-Inspired Testbed for Thorough and Reproducible Reinforcement Learning
 Experiments") through gymnasium, for the vector scripts: the env id check, the vectorized training and evaluation envs,
-the recording env, and a script's MinAtar configuration.
+the rendering env of videos, and a script's MinAtar configuration.
 
 MinAtar is GPL-3.0: this project depends on it as the optional extra `minatar` and only calls it. Its games are played
 as the package ships them, which is Young & Tian's protocol: sticky actions (0.1), difficulty ramping, no frame skip,
@@ -78,12 +78,11 @@ class LargeFrames(gym.Wrapper):
         return frame.repeat(16, axis=0).repeat(16, axis=1)
 
 
-def make_video_env(env_id: str, video_folder: str) -> gym.Env:
-    """One recording env of a MinAtar game, played as in training."""
+def make_rendering_env(env_id: str) -> gym.Env:
+    """One env of a MinAtar game, played as in training, that renders frames for a video recorder."""
     register(env_id)
     os.environ.setdefault("MPLBACKEND", "Agg")
-    env = LargeFrames(gym.make(env_id, render_mode="rgb_array", disable_env_checker=True))
-    return gym.wrappers.RecordVideo(env, video_folder, episode_trigger=lambda _: True)
+    return LargeFrames(gym.make(env_id, render_mode="rgb_array", disable_env_checker=True))
 
 
 def with_defaults(args, defaults: dict):
