@@ -214,7 +214,8 @@ class QNetwork(nn.Module):
     """Torso -> [features, one-hot last action, last reward, timestep] -> LSTM -> IQN layer -> dueling. The torso of a
     vector is one dense layer of `hidden_size` units; of MinAtar's (10, 10, C) grid, Young & Tian's convolution of 16
     filters 3x3 and 128 units. With `iqn_before_lstm` the quantile embedding modulates the whole LSTM input instead (as
-    in RLtime); the LSTM then runs once per quantile sample from a shared state, merged back by the mean every step."""
+    in RLtime); the LSTM then runs once per quantile sample, their states merged by the mean after every step or at the
+    end (`lstm_state_merge`)."""
 
     def __init__(self, obs_shape, num_actions, args):
         super().__init__()

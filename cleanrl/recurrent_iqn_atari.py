@@ -189,7 +189,7 @@ def unroll_lstm_per_sample(lstm, x, state, keep, bounds):
 class QNetwork(nn.Module):
     """Nature CNN -> [features, one-hot last action, last reward, timestep] -> LSTM -> IQN layer -> dueling. With
     `iqn_before_lstm` the quantile embedding modulates the whole LSTM input instead (as in RLtime); the LSTM then runs
-    once per quantile sample from a shared state, merged back by the mean after every step."""
+    once per quantile sample, their states merged by the mean after every step or at the end (`lstm_state_merge`)."""
 
     def __init__(self, num_actions, args):
         super().__init__()
@@ -235,7 +235,8 @@ class QNetwork(nn.Module):
         so the LSTM runs in one call between them."""
         T, B = obs.shape[:2]
         x = self.torso(obs.reshape(T * B, *obs.shape[2:]).float() / 255.0).view(T, B, -1)
-        last_action = F.one_hot(last_action.long() + 1, self.num_actions + 1)[..., 1:].float()  # -1 -> zeros
+        # -1 (an episode start) -> zeros, never mistaken for a NOOP played (RLtime feeds NOOP's one-hot; docs, Deviations)
+        last_action = F.one_hot(last_action.long() + 1, self.num_actions + 1)[..., 1:].float()
         x = torch.cat([x, last_action, last_reward.unsqueeze(-1), timestep.unsqueeze(-1)], -1)
         keep = (~is_first).unsqueeze(-1).float()
         bounds = [0, T] if bounds is None else bounds
@@ -420,6 +421,7 @@ class Agent:
             setattr(self, key, saved[key])
 
     def inputs(self):
+        # [0, 1] over the cap, as the article says (RLtime's 1/100,000 spans 0-0.27 under this cap; docs, Deviations)
         timestep = (self.game_steps / self.args.max_episode_steps).astype(np.float32)
         return dict(last_action=self.last_action, last_reward=self.last_reward, timestep=timestep, is_first=self.is_first)
 
