@@ -166,7 +166,11 @@ def validate_args(args):
     if args.lstm_state_merge not in ("step", "sequence"):
         flag_checks.flag_error("lstm_state_merge", args.lstm_state_merge, "step or sequence")
     if args.lstm_state_merge != "step" and not args.iqn_before_lstm:
-        flag_checks.flag_error("lstm_state_merge", args.lstm_state_merge, "only with --iqn-before-lstm (else one state)")
+        flag_checks.flag_error(
+            "lstm_state_merge",
+            args.lstm_state_merge,
+            "only with --iqn-before-lstm (after the LSTM one state per sequence, nothing to merge)",
+        )
     space = flag_checks.check_env_id(args.env_id, atari=False).observation_space  # MinAtar's grids are not Atari's frames
     if args.mask_velocity and not args.env_id.startswith("CartPole"):
         flag_checks.flag_error("mask_velocity", True, f"only defined for CartPole, not --env-id={args.env_id}")

@@ -150,7 +150,11 @@ def validate_args(args):
     if args.lstm_state_merge not in ("step", "sequence"):
         flag_checks.flag_error("lstm_state_merge", args.lstm_state_merge, "step or sequence")
     if args.lstm_state_merge != "step" and not args.iqn_before_lstm:
-        flag_checks.flag_error("lstm_state_merge", args.lstm_state_merge, "only with --iqn-before-lstm (else one state)")
+        flag_checks.flag_error(
+            "lstm_state_merge",
+            args.lstm_state_merge,
+            "only with --iqn-before-lstm (after the LSTM one state per sequence, nothing to merge)",
+        )
     flag_checks.check_env_id(args.env_id, atari=True)
     two_windows = 2 * (args.burn_in + args.seq_len + args.n_step) * args.num_envs
     if args.buffer_size < two_windows:

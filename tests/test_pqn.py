@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import gymnasium as gym
@@ -10,8 +11,11 @@ import pytest
 import torch
 
 from cleanrl import pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
+from cleanrl_q_utils.checkpoint_files import read_checkpoint
 from cleanrl_q_utils.flat_radam import RAdam, flatten_parameters
 
+from helpers import checkpoint_of
+from interrupts import interrupt_at_step, run_until_stopped
 from learning import last_mean, passes_with_one_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -336,8 +340,6 @@ def test_channel_layer_norm_normalizes_the_channels_of_each_pixel(module):
 @pytest.mark.parametrize("module", ATARI_SCRIPTS, ids=["cnn", "lstm"])
 def test_td_loss_coef_scales_the_gradient_step(module):
     """One SGD step without clipping: with the factor 0.5 every weight moves half as far; the logged loss is the same."""
-    import types
-
     frames = 4 if module is pqn_atari_envpool else 1
     obs = torch.randint(0, 255, (6, 2, frames, 84, 84), dtype=torch.uint8)
     actions, returns = torch.randint(0, 3, (6, 2)), torch.randn(6, 2)
@@ -374,3 +376,22 @@ def test_atari_smoke_purejaxql_config(module, monkeypatch, tmp_path, capsys):
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert all(np.isfinite(_tb_scalars(run_dir, "losses/td_loss")))
     assert _tb_scalars(run_dir, "charts/learning_rate") == pytest.approx([2.5e-4, 2.5e-4])  # constant
+
+
+def test_purejaxql_config_is_kept_by_a_resume_that_repeats_the_command(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    module = pqn_atari_envpool
+    flags = ["--config", "purejaxql", "--total-timesteps", "256", "--num-envs", "4", "--num-minibatches", "2"]
+    monkeypatch.setattr(sys, "argv", ["pqn_atari_envpool.py", *flags, "--checkpoint-every", "128"])
+    args = dict(config="purejaxql", total_timesteps=256, num_envs=4, num_minibatches=2, checkpoint_every=128)
+    with monkeypatch.context() as patch:
+        interrupt_at_step(patch, module, k=5)  # in the first rollout of 4 x 32 steps
+        run_until_stopped(module.main, module.Args(**args))
+    path = checkpoint_of(tmp_path)
+    saved = read_checkpoint(path)["args"]
+    assert (saved["config"], saved["num_steps"], saved["update_epochs"], saved["td_loss_coef"]) == ("purejaxql", 32, 2, 0.5)
+    assert (saved["num_envs"], saved["anneal_lr"], saved["conv_layer_norm"]) == (4, False, "channels")
+    # a launcher retrying the run repeats the whole command with --resume: the checkpoint's values stand
+    monkeypatch.setattr(sys, "argv", ["pqn_atari_envpool.py", *flags, "--resume", str(path)])
+    module.main(module.Args(**args, resume=str(path)))
+    assert read_checkpoint(path)["global_step"] == 256
