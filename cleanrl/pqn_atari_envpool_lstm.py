@@ -15,7 +15,7 @@ import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch l
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import envpool
@@ -86,6 +86,14 @@ class Args:
     """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
     max_grad_norm: float = 0.5
     """the global norm the gradients are clipped to"""
+    td_loss_coef: float = 1.0
+    """the factor of the mean squared TD error in the optimized loss (purejaxql: 0.5; `losses/td_loss` logs the error)"""
+    conv_layer_norm: str = "feature_map"
+    """what a LayerNorm after a convolution normalizes: 'feature_map' (CleanRL: all of C x H x W at once) or 'channels'
+    (purejaxql: the C channels at each pixel)"""
+    config: str = "cleanrl"
+    """a set of defaults: 'cleanrl' (the flags' own) or 'purejaxql' (the authors' Atari settings, PURE_JAXQL_ATARI);
+    flags given on the command line override it"""
     eval_epsilon: float = 0.0  # greedy, as purejaxql's test environments
     """the epsilon of the evaluation episodes"""
     checkpoint_every: int = 0
@@ -95,6 +103,54 @@ class Args:
     resume_fresh_envs: bool = False
     """with --resume: start new games instead of replaying every logged action (cost independent of the run's length;
     the games in progress are dropped, so the run is not bit-identical)"""
+
+
+# The authors' Atari configuration (purejaxql, config/alg/pqn_atari.yaml; docs/rl-algorithms/pqn.md, "Deviations"):
+# 5e7 agent steps rounded down to whole rollouts as purejaxql does, 128 envs x 32 steps, 2 epochs of 32 minibatches
+# (of 128 transitions), a constant learning rate, epsilon 1 -> 0.001 over the first 10%, the 0.5 in its loss and its
+# LayerNorm over the channels at each pixel. Every value is listed, those equal to a default too, so the set is whole.
+# purejaxql has no recurrent Atari configuration: this is its feed-forward one, grad-norm 10 included (this script's
+# default 0.5 is CleanRL's); a minibatch of 4 whole environments x 32 steps holds its 128 transitions.
+PURE_JAXQL_ATARI = dict(
+    total_timesteps=49_999_872,
+    num_envs=128,
+    num_steps=32,
+    update_epochs=2,
+    num_minibatches=32,
+    learning_rate=2.5e-4,
+    anneal_lr=False,
+    gamma=0.99,
+    q_lambda=0.65,
+    start_e=1.0,
+    end_e=0.001,
+    exploration_fraction=0.1,
+    max_grad_norm=10.0,
+    td_loss_coef=0.5,
+    conv_layer_norm="channels",
+    eval_epsilon=0.0,
+)
+CONFIGS = {"cleanrl": {}, "purejaxql": PURE_JAXQL_ATARI}
+
+
+def apply_config(args: Args) -> Args:
+    """`args` with the values of its `--config` in every flag that the command line did not give: given flags
+    override the set. (For `main` called from Python, a flag counts as given where its value differs from the default.)"""
+    if args.config not in CONFIGS:
+        flag_checks.flag_error("config", args.config, f"one of {', '.join(CONFIGS)}")
+    given = command_line.flags_given(args)
+    return replace(args, **{name: value for name, value in CONFIGS[args.config].items() if name not in given})
+
+
+def config_line(args: Args) -> Optional[str]:
+    """The start-up block's line on `--config`: the values its set gave, and the flags given instead (None for the
+    flags' own defaults)."""
+    if not CONFIGS.get(args.config):
+        return None
+    values = [
+        f"{name} {getattr(args, name)}" + ("" if getattr(args, name) == value else f" (given; the config's is {value})")
+        for name, value in CONFIGS[args.config].items()
+    ]
+    return f"  config {args.config}: " + ", ".join(values)
 
 
 def rollout_memory_bytes(args: Args, obs_shape: tuple, obs_dtype: np.dtype) -> int:
@@ -146,6 +202,8 @@ def validate_args(args: Args) -> None:
             ),
             ("total_timesteps", args.total_timesteps, args.total_timesteps >= batch_size, f"must be at least {batch}"),
             ("exploration_fraction", args.exploration_fraction, args.exploration_fraction > 0, "must be in (0, 1]"),
+            ("td_loss_coef", args.td_loss_coef, 0 < args.td_loss_coef < float("inf"), "must be a number > 0"),
+            ("conv_layer_norm", args.conv_layer_norm, args.conv_layer_norm in LAYER_NORMS, "feature_map or channels"),
         ]
     )
 
@@ -165,20 +223,36 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
+class ChannelLayerNorm(nn.LayerNorm):
+    """LayerNorm of (B, C, H, W) maps over the C channels at each pixel, with C affine parameters: what flax's
+    LayerNorm does on purejaxql's channels-last maps."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+# --conv-layer-norm: the LayerNorm after a convolution with C output maps of H x H pixels
+LAYER_NORMS = {
+    "feature_map": lambda channels, size: nn.LayerNorm([channels, size, size]),
+    "channels": lambda channels, size: ChannelLayerNorm(channels),
+}
+
+
 class QNetwork(nn.Module):
     """Nature CNN (LayerNorm before every hidden ReLU) -> LSTM 128 -> Q-values."""
 
-    def __init__(self, num_actions: int):
+    def __init__(self, num_actions: int, conv_layer_norm: str = "feature_map"):
         super().__init__()
+        norm = LAYER_NORMS[conv_layer_norm]
         self.network = nn.Sequential(
             layer_init(nn.Conv2d(1, 32, 8, stride=4)),
-            nn.LayerNorm([32, 20, 20]),
+            norm(32, 20),
             nn.ReLU(),
             layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-            nn.LayerNorm([64, 9, 9]),
+            norm(64, 9),
             nn.ReLU(),
             layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-            nn.LayerNorm([64, 7, 7]),
+            norm(64, 7),
             nn.ReLU(),
             nn.Flatten(),
             layer_init(nn.Linear(3136, 512)),
@@ -263,7 +337,7 @@ def train_on_rollout(
             valid = b_valid[:, mb]
             loss = ((q_taken - returns[:, mb]) ** 2 * valid).sum() / valid.sum().clamp(min=1.0)
             optimizer.zero_grad()
-            loss.backward()
+            (args.td_loss_coef * loss).backward()
             run.clip_grad_norm(q_network.parameters(), args.max_grad_norm, global_step, foreach=True)
             optimizer.step()
     return loss, q_taken
@@ -284,7 +358,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
         obs, _ = envs.reset()
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)
-    model = QNetwork(num_actions).to(device)
+    model = QNetwork(num_actions, args.conv_layer_norm).to(device)
     model_files.load_weights(model, model_path, device)
     model.eval()
     stats, state = episode_scores.EpisodeStats(num_envs), model.initial_state(num_envs, device)
@@ -312,6 +386,8 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
 
 
 def main(args: Args) -> list[float]:
+    if args.resume is None:  # a resumed run takes every flag from its checkpoint, where the config's values are
+        args = apply_config(args)
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
@@ -322,11 +398,13 @@ def main(args: Args) -> list[float]:
     epsilon_duration = args.exploration_fraction * args.total_timesteps
     rollout_steps = args.num_envs * np.arange(1, args.num_steps + 1)  # agent steps into a rollout after each of its steps
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+        if config_line(args):  # the last line of the start-up block
+            print(config_line(args))
         device = run.device
         to_device = functools.partial(torch.as_tensor, device=device)  # numpy arrays to the run's device
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
-        q_network = QNetwork(num_actions).to(device)
+        q_network = QNetwork(num_actions, args.conv_layer_norm).to(device)
         optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)
 
         # Rollout storage lives in numpy (cheap per-step writes) and moves to the device once per rollout.

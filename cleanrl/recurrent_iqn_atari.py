@@ -104,7 +104,10 @@ class Args:
     kappa: float = 1.0
     """the threshold of the Huber loss inside the quantile loss"""
     iqn_before_lstm: bool = False
-    """place the IQN layer before the LSTM (state repeated per quantile sample, merged by the mean every step)"""
+    """place the IQN layer before the LSTM (state repeated per quantile sample, merged by the mean: --lstm-state-merge)"""
+    lstm_state_merge: str = "step"  # the article's two ways; RLtime's 'inner' (its default) and 'outer'
+    """with --iqn-before-lstm, when the quantile samples' LSTM states merge by their mean: 'step' (after every step,
+    repeated again for the next) or 'sequence' (repeated at the start of an unroll, each carried alone, merged at its end)"""
     start_e: float = 0.4
     """the base of the per-actor epsilons at the start"""
     end_e: float = 0.01
@@ -144,6 +147,14 @@ class Args:
 
 def validate_args(args):
     flag_checks.check_common_flags(args)
+    if args.lstm_state_merge not in ("step", "sequence"):
+        flag_checks.flag_error("lstm_state_merge", args.lstm_state_merge, "step or sequence")
+    if args.lstm_state_merge != "step" and not args.iqn_before_lstm:
+        flag_checks.flag_error(
+            "lstm_state_merge",
+            args.lstm_state_merge,
+            "only with --iqn-before-lstm (after the LSTM one state per sequence, nothing to merge)",
+        )
     spec = flag_checks.check_env_id(args.env_id, atari=True)
     two_windows = 2 * (args.burn_in + args.seq_len + args.n_step) * args.num_envs
     if args.buffer_size < two_windows:
@@ -209,14 +220,25 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     return layer
 
 
+def unroll_lstm_per_sample(lstm, x, state, keep, bounds):
+    """x (T, B, K, D): the state (B, H) is repeated for the K quantile samples once, before the first step; each
+    sample then carries its own state through the unroll (zeroed where keep is 0), and the K states are merged by
+    the mean only after the last step (RLtime's 'outer' mode). -> (T, B, K, H), state (B, H)."""
+    T, B, K = x.shape[:3]
+    repeated = tuple(s.repeat_interleave(K, 0) for s in state)  # row b * K + k: sample k of sequence b
+    out, (h, c) = unroll_lstm(lstm, x.flatten(1, 2), repeated, keep.repeat_interleave(K, 1), bounds)
+    return out.view(T, B, K, -1), (h.view(B, K, -1).mean(1), c.view(B, K, -1).mean(1))
+
+
 class QNetwork(nn.Module):
     """Nature CNN -> [features, one-hot last action, last reward, timestep] -> LSTM -> IQN layer -> dueling. With
     `iqn_before_lstm` the quantile embedding modulates the whole LSTM input instead (as in RLtime); the LSTM then runs
-    once per quantile sample from a shared state, merged back by the mean after every step."""
+    once per quantile sample, their states merged by the mean after every step or at the end (`lstm_state_merge`)."""
 
     def __init__(self, num_actions, args):
         super().__init__()
         self.num_actions, self.iqn_before_lstm = num_actions, args.iqn_before_lstm
+        self.lstm_state_merge = args.lstm_state_merge
         self.torso = nn.Sequential(
             layer_init(nn.Conv2d(1, 32, 8, stride=4)),
             nn.ReLU(),
@@ -257,12 +279,16 @@ class QNetwork(nn.Module):
         so the LSTM runs in one call between them."""
         T, B = obs.shape[:2]
         x = self.torso(obs.reshape(T * B, *obs.shape[2:]).float() / 255.0).view(T, B, -1)
-        last_action = F.one_hot(last_action.long() + 1, self.num_actions + 1)[..., 1:].float()  # -1 -> zeros
+        # -1 (an episode start) -> zeros, never mistaken for a NOOP played (RLtime feeds NOOP's one-hot; docs, Deviations)
+        last_action = F.one_hot(last_action.long() + 1, self.num_actions + 1)[..., 1:].float()
         x = torch.cat([x, last_action, last_reward.unsqueeze(-1), timestep.unsqueeze(-1)], -1)
         keep = (~is_first).unsqueeze(-1).float()
+        bounds = [0, T] if bounds is None else bounds
+        if self.iqn_before_lstm and self.lstm_state_merge == "sequence":
+            return unroll_lstm_per_sample(self.lstm, x.unsqueeze(2) * self.embed(taus), state, keep, bounds)
         if self.iqn_before_lstm:
             return unroll_lstm_merged(self.lstm, x.unsqueeze(2) * self.embed(taus), state, keep)
-        return unroll_lstm(self.lstm, x, state, keep, [0, T] if bounds is None else bounds)
+        return unroll_lstm(self.lstm, x, state, keep, bounds)
 
     def forward(self, obs, last_action, last_reward, timestep, is_first, state, taus, bounds=None):
         features, state = self.core(obs, last_action, last_reward, timestep, is_first, state, taus, bounds)
@@ -439,6 +465,7 @@ class Agent:
             setattr(self, key, saved[key])
 
     def inputs(self):
+        # [0, 1] over the cap, as the article says (RLtime's 1/100,000 spans 0-0.27 under this cap; docs, Deviations)
         timestep = (self.game_steps / self.args.max_episode_steps).astype(np.float32)
         return dict(last_action=self.last_action, last_reward=self.last_reward, timestep=timestep, is_first=self.is_first)
 

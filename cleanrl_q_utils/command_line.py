@@ -22,7 +22,10 @@ CHANGEABLE_ON_RESUME = (
 
 
 # Flags added after the first checkpoints were written: a checkpoint without them resumes with their defaults.
-LATER_FLAGS = {"eval_only", "model_path", "resume_fresh_envs", "min_epsilon"}
+LATER_FLAGS = {
+    *("eval_only", "model_path", "resume_fresh_envs", "min_epsilon"),
+    *("td_loss_coef", "conv_layer_norm", "config", "lstm_state_merge"),
+}
 
 
 def resume(given, script: str, checkpoint_format: int):

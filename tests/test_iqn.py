@@ -266,6 +266,41 @@ def test_atari_training_loop_starts_the_epsilon_decay_at_learning_starts(tmp_pat
     np.testing.assert_allclose(np.array(epsilons)[steps > 160], np.maximum(expected, 0.01), rtol=1e-12)
 
 
+def benchmark_atari_commands(**switches: str) -> list[list[str]]:
+    """The flags of every iqn_atari.py run that `benchmark/iqn.sh` plans with ATARI=1 (a dry run: nothing trains)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])  # `python` is this one
+    env = {**os.environ, "PATH": path, "DRY_RUN": "1", "ATARI": "1", **switches}
+    result = subprocess.run(["bash", "benchmark/iqn.sh"], capture_output=True, text=True, cwd=repo, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = [line.split() for line in result.stdout.splitlines() if " cleanrl/iqn_atari.py " in line and "--seed" in line]
+    return [line[line.index("cleanrl/iqn_atari.py") + 1 :] for line in lines]
+
+
+@pytest.mark.parametrize("steps", [None, "50000000", "3000000", "400000"])
+def test_benchmark_atari_runs_decay_epsilon_over_the_papers_1m_steps(steps):
+    """Parsed as the script parses them, the benchmark's flags give a decay of 1M agent steps after the warm-up
+    (the paper's and Dopamine's), or the whole run where it is shorter."""
+    import tyro
+
+    commands = benchmark_atari_commands(**({"ATARI_STEPS": steps} if steps else {}))
+    assert len(commands) == 15
+    for flags in commands:
+        args = iqn_atari.Args(**vars(tyro.cli(iqn_atari.Args, args=flags)))
+        assert args.total_timesteps == int(steps or 10_000_000)
+        decay_steps = args.exploration_fraction * args.total_timesteps  # as iqn_atari.main computes it
+        assert decay_steps == pytest.approx(min(1_000_000, args.total_timesteps), abs=1.0)
+        if args.total_timesteps >= 1_050_000:
+            end = args.learning_starts + 1_000_000
+            assert iqn_atari.linear_schedule(args.start_e, args.end_e, decay_steps, end - 1000, args.learning_starts) > 0.01
+            assert iqn_atari.linear_schedule(args.start_e, args.end_e, decay_steps, end + 1, args.learning_starts) == 0.01
+
+
 def test_replay_resident_memory_is_one_frame_per_transition():
     rb = iqn_atari.ReplayBuffer(10_000, 4, (84, 84), 4, "cpu", np.random.default_rng(0))
     total = sum(a.nbytes for a in (rb.frames, rb.game_start, rb.actions, rb.rewards, rb.terminated, rb.valid))

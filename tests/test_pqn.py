@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import gymnasium as gym
@@ -10,8 +11,11 @@ import pytest
 import torch
 
 from cleanrl import pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
+from cleanrl_q_utils.checkpoint_files import read_checkpoint
 from cleanrl_q_utils.flat_radam import RAdam, flatten_parameters
 
+from helpers import checkpoint_of
+from interrupts import interrupt_at_step, run_until_stopped
 from learning import last_mean, passes_with_one_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -282,3 +286,112 @@ def test_flatten_parameters_keeps_the_network_and_collects_its_gradients():
     with torch.no_grad():
         flat.add_(1.0)  # an optimizer step on the flat tensor moves the layers' weights
     assert torch.equal(network.network[0].bias, torch.ones(120))
+
+
+ATARI_SCRIPTS = [pqn_atari_envpool, pqn_atari_envpool_lstm]
+
+
+@pytest.mark.parametrize("module", ATARI_SCRIPTS, ids=["cnn", "lstm"])
+def test_purejaxql_config_gives_the_authors_atari_settings(module, monkeypatch):
+    # purejaxql's config/alg/pqn_atari.yaml: TOTAL_TIMESTEPS 5e7 (NUM_UPDATES = 5e7 // NUM_STEPS // NUM_ENVS), 128 envs
+    # x 32 steps, 2 epochs x 32 minibatches, LR 2.5e-4 without decay, EPS 1 -> 0.001 over 10%, MAX_GRAD_NORM 10,
+    # 0.5 * squared error, flax LayerNorm (over the channels at each pixel), greedy tests.
+    args = module.apply_config(module.Args(config="purejaxql"))
+    assert args.total_timesteps == int(5e7) // 32 // 128 * 32 * 128
+    assert (args.num_envs, args.num_steps, args.update_epochs, args.num_minibatches) == (128, 32, 2, 32)
+    minibatch = args.num_envs * args.num_steps // args.num_minibatches
+    assert minibatch == 128
+    assert (args.learning_rate, args.anneal_lr, args.max_grad_norm) == (2.5e-4, False, 10.0)
+    assert (args.start_e, args.end_e, args.exploration_fraction, args.eval_epsilon) == (1.0, 0.001, 0.1, 0.0)
+    assert (args.gamma, args.q_lambda, args.td_loss_coef, args.conv_layer_norm) == (0.99, 0.65, 0.5, "channels")
+    # the default set changes nothing; a flag given with the config keeps its value
+    assert module.apply_config(module.Args()) == module.Args()
+    overridden = module.apply_config(module.Args(config="purejaxql", num_envs=64))
+    assert (overridden.num_envs, overridden.num_steps) == (64, 32)
+    # on the command line, a flag given with its default value (the LSTM's max grad norm 0.5) overrides the set too
+    monkeypatch.setattr(sys, "argv", ["script", "--config", "purejaxql", "--max-grad-norm=0.5"])
+    overridden = module.apply_config(module.Args(config="purejaxql", max_grad_norm=0.5))
+    assert (overridden.max_grad_norm, overridden.num_envs) == (0.5, 128)
+    with pytest.raises(SystemExit, match="--config=dopamine: one of cleanrl, purejaxql"):
+        module.apply_config(module.Args(config="dopamine"))
+
+
+@pytest.mark.parametrize("module", ATARI_SCRIPTS, ids=["cnn", "lstm"])
+def test_channel_layer_norm_normalizes_the_channels_of_each_pixel(module):
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 3, 4) * 3 + 1
+    norm = module.ChannelLayerNorm(5)
+    torch.nn.init.normal_(norm.weight)
+    torch.nn.init.normal_(norm.bias)
+    expected = torch.empty_like(x)
+    for b in range(2):
+        for i in range(3):
+            for j in range(4):
+                pixel = x[b, :, i, j]
+                mean, var = pixel.mean(), ((pixel - pixel.mean()) ** 2).mean()
+                expected[b, :, i, j] = (pixel - mean) / torch.sqrt(var + 1e-5) * norm.weight + norm.bias
+    torch.testing.assert_close(norm(x), expected)
+    # C affine parameters per convolution instead of C x H x W
+    sizes = {name: p.numel() for name, p in module.QNetwork(4, "channels").named_parameters() if "network.1." in name}
+    assert sizes == {"network.1.weight": 32, "network.1.bias": 32}
+    assert module.QNetwork(4).network[1].weight.shape == (32, 20, 20)
+
+
+@pytest.mark.parametrize("module", ATARI_SCRIPTS, ids=["cnn", "lstm"])
+def test_td_loss_coef_scales_the_gradient_step(module):
+    """One SGD step without clipping: with the factor 0.5 every weight moves half as far; the logged loss is the same."""
+    frames = 4 if module is pqn_atari_envpool else 1
+    obs = torch.randint(0, 255, (6, 2, frames, 84, 84), dtype=torch.uint8)
+    actions, returns = torch.randint(0, 3, (6, 2)), torch.randn(6, 2)
+    run = types.SimpleNamespace(clip_grad_norm=lambda *args, **kwargs: None)
+    moves, losses = [], []
+    for coef in (1.0, 0.5):
+        torch.manual_seed(0)
+        net = module.QNetwork(3)
+        before = torch.nn.utils.parameters_to_vector(net.parameters()).detach().clone()
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        args = module.Args(num_minibatches=1, update_epochs=1, td_loss_coef=coef)
+        if module is pqn_atari_envpool:
+            batch = (obs.flatten(0, 1), actions.flatten(), returns.flatten(), torch.ones(12))
+        else:
+            state = net.initial_state(2, torch.device("cpu"))
+            batch = (obs, actions, torch.zeros(6, 2, dtype=torch.bool), returns, torch.ones(6, 2), state)
+        loss, _ = module.train_on_rollout(net, optimizer, batch, args, run, 0)
+        moves.append(torch.nn.utils.parameters_to_vector(net.parameters()).detach() - before)
+        losses.append(loss.item())
+    assert moves[0].abs().max() > 0
+    torch.testing.assert_close(moves[1], 0.5 * moves[0])
+    assert losses[0] == pytest.approx(losses[1])
+
+
+@pytest.mark.parametrize("module", ATARI_SCRIPTS, ids=["cnn", "lstm"])
+def test_atari_smoke_purejaxql_config(module, monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
+    args = module.Args(config="purejaxql", total_timesteps=256, num_envs=4, num_steps=32, num_minibatches=2)
+    scores = module.main(args)
+    assert isinstance(scores, list)
+    out = capsys.readouterr().out
+    assert "config purejaxql: total_timesteps 256 (given; the config's is 49999872), num_envs 4 (given;" in out
+    assert "update_epochs 2, " in out and "td_loss_coef 0.5, conv_layer_norm channels" in out
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert all(np.isfinite(_tb_scalars(run_dir, "losses/td_loss")))
+    assert _tb_scalars(run_dir, "charts/learning_rate") == pytest.approx([2.5e-4, 2.5e-4])  # constant
+
+
+def test_purejaxql_config_is_kept_by_a_resume_that_repeats_the_command(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    module = pqn_atari_envpool
+    flags = ["--config", "purejaxql", "--total-timesteps", "256", "--num-envs", "4", "--num-minibatches", "2"]
+    monkeypatch.setattr(sys, "argv", ["pqn_atari_envpool.py", *flags, "--checkpoint-every", "128"])
+    args = dict(config="purejaxql", total_timesteps=256, num_envs=4, num_minibatches=2, checkpoint_every=128)
+    with monkeypatch.context() as patch:
+        interrupt_at_step(patch, module, k=5)  # in the first rollout of 4 x 32 steps
+        run_until_stopped(module.main, module.Args(**args))
+    path = checkpoint_of(tmp_path)
+    saved = read_checkpoint(path)["args"]
+    assert (saved["config"], saved["num_steps"], saved["update_epochs"], saved["td_loss_coef"]) == ("purejaxql", 32, 2, 0.5)
+    assert (saved["num_envs"], saved["anneal_lr"], saved["conv_layer_norm"]) == (4, False, "channels")
+    # a launcher retrying the run repeats the whole command with --resume: the checkpoint's values stand
+    monkeypatch.setattr(sys, "argv", ["pqn_atari_envpool.py", *flags, "--resume", str(path)])
+    module.main(module.Args(**args, resume=str(path)))
+    assert read_checkpoint(path)["global_step"] == 256

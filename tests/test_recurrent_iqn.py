@@ -146,6 +146,90 @@ def test_merged_unroll_averages_state_over_quantile_samples():
 
 
 @pytest.mark.parametrize("module", MODULES)
+def test_per_sample_unroll_carries_each_quantile_sample_alone_and_merges_at_the_end(module):
+    """--lstm-state-merge sequence against one plain LSTM run per (sequence, sample) from the repeated state."""
+    torch.manual_seed(2)
+    lstm = torch.nn.LSTM(5, 4)
+    T, B, K = 6, 2, 3
+    x, h0, c0 = torch.randn(T, B, K, 5), torch.randn(B, 4), torch.randn(B, 4)
+    start = np.zeros((T, B), dtype=bool)
+    start[3, 1] = True  # an episode starts mid-sequence in sequence 1: every sample's state is zeroed there
+    keep = torch.as_tensor(~start).unsqueeze(-1).float()
+    out, (h_end, c_end) = module.unroll_lstm_per_sample(lstm, x, (h0, c0), keep, lstm_unroll.segment_bounds(start))
+    assert out.shape == (T, B, K, 4) and h_end.shape == c_end.shape == (B, 4)
+    for b in range(B):
+        finals = []
+        for k in range(K):
+            h, c = h0[b].clone(), c0[b].clone()
+            for t in range(T):
+                if start[t, b]:
+                    h, c = torch.zeros(4), torch.zeros(4)
+                o, (h, c) = lstm(x[t, b, k][None, None], (h[None, None], c[None, None]))
+                h, c = h[0, 0], c[0, 0]
+                torch.testing.assert_close(out[t, b, k], o[0, 0])
+            finals.append((h, c))
+        torch.testing.assert_close(h_end[b], torch.stack([h for h, _ in finals]).mean(0))
+        torch.testing.assert_close(c_end[b], torch.stack([c for _, c in finals]).mean(0))
+
+
+def network_and_inputs(module, T, B, K, seed=0, **kw):
+    torch.manual_seed(seed)
+    args = small_args(module, iqn_before_lstm=True, **kw)
+    net = module.QNetwork(3, args) if module is recurrent_iqn_atari else module.QNetwork((2,), 3, args)
+    obs_shape = (1, 84, 84) if module is recurrent_iqn_atari else (2,)
+    if module is recurrent_iqn_atari:
+        obs = torch.randint(0, 255, (T, B, *obs_shape), dtype=torch.uint8)
+    else:
+        obs = torch.randn(T, B, *obs_shape)
+    is_first = torch.zeros(T, B, dtype=torch.bool)
+    is_first[T // 2, 0] = T > 2  # an episode starting mid-sequence
+    inputs = dict(
+        obs=obs,
+        last_action=torch.randint(-1, 3, (T, B)),
+        last_reward=torch.randn(T, B).clamp(-1, 1),
+        timestep=torch.rand(T, B),
+        is_first=is_first,
+        state=(torch.randn(B, 8), torch.randn(B, 8)),
+        taus=torch.rand(T, B, K),
+    )
+    return net, inputs
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_lstm_state_merge_modes_agree_with_one_sample_or_one_step_and_differ_otherwise(module):
+    def both_modes(T, K):
+        net, inputs = network_and_inputs(module, T, 2, K)
+        results = []
+        for mode in ("step", "sequence"):
+            net.lstm_state_merge = mode
+            features, state = net.core(**inputs)
+            assert features.shape == (T, 2, K, 8) and state[0].shape == state[1].shape == (2, 8)
+            results.append((features, state))
+        return results
+
+    # one quantile sample: the mean over one state is that state, so both are the same recurrence
+    (f_step, s_step), (f_seq, s_seq) = both_modes(T=5, K=1)
+    torch.testing.assert_close(f_seq, f_step)
+    torch.testing.assert_close(s_seq, s_step)
+    # one step (acting): repeated before it and merged after it in both modes
+    (f_step, s_step), (f_seq, s_seq) = both_modes(T=1, K=3)
+    torch.testing.assert_close(f_seq, f_step)
+    torch.testing.assert_close(s_seq, s_step)
+    # several samples over several steps: only the first step sees the same state in both modes
+    (f_step, s_step), (f_seq, s_seq) = both_modes(T=5, K=3)
+    torch.testing.assert_close(f_seq[0], f_step[0])
+    assert not torch.allclose(f_seq[1:2], f_step[1:2]) and not torch.allclose(s_seq[0], s_step[0])
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_lstm_state_merge_flag_checks(module):
+    with pytest.raises(SystemExit, match="--lstm-state-merge=outer: step or sequence"):
+        module.validate_args(small_args(module, iqn_before_lstm=True, lstm_state_merge="outer"))
+    with pytest.raises(SystemExit, match="--lstm-state-merge=sequence: only with --iqn-before-lstm"):
+        module.validate_args(small_args(module, lstm_state_merge="sequence"))
+
+
+@pytest.mark.parametrize("module", MODULES)
 def test_extra_lstm_inputs(module, monkeypatch):
     args = small_args(module, max_episode_steps=100)
     obs_shape = (1, 84, 84) if module is recurrent_iqn_atari else (2,)
@@ -383,6 +467,7 @@ OPTIONS = [
     dict(value_rescaling=True),
     dict(burn_in=2),
     dict(iqn_before_lstm=True),
+    dict(iqn_before_lstm=True, lstm_state_merge="sequence", burn_in=2),
     dict(save_model=True, eval_episodes=2),
 ]
 
