@@ -258,3 +258,19 @@ def test_sb3_baselines_interrupted_while_it_loads_exits_130_quietly(tmp_path):
     out, err = process.communicate(timeout=60)
     assert process.returncode == 128 + signal.SIGINT and "Traceback" not in err, (out, err)
     assert list(Path(tmp_path).iterdir()) == []
+
+
+def test_the_launcher_whose_console_closed_still_runs_every_run_to_its_end_and_logs_it(tmp_path):
+    # A run prints more than a pipe holds (64 KiB): were the launcher to stop echoing at the closed console, the run
+    # would block on its full pipe, and its log would stop.
+    lines = "import sys\nfor i in range(4000): print(f'line {i:05d} of a run', sys.argv[-1], '.' * 40)"
+    command = [sys.executable, str(REPO / "benchmark" / "launch.py"), "--env-ids", "CartPole-v1", "--seeds", "1", "2"]
+    command += ["--log-dir", str(tmp_path / "logs"), "--", sys.executable, "-c", lines]
+    reader, writer = os.pipe()
+    os.close(reader)
+    done = subprocess.run(command, cwd=tmp_path, stdout=writer, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(writer)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    for seed in (1, 2):
+        log = (tmp_path / "logs" / f"CartPole-v1__{seed}.log").read_text().splitlines()
+        assert len(log) == 4000 and log[-1].startswith("line 03999 of a run"), log[-3:]
