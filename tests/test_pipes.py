@@ -191,6 +191,21 @@ def test_a_console_that_is_gone_falls_silent_and_other_errors_still_raise():
         full.write("x")
 
 
+def test_a_print_from_a_signal_handler_inside_another_print_is_dropped_and_output_goes_on():
+    written = []
+
+    class Busy:  # what Python's buffered stream says to a signal handler's print in the middle of another print
+        def write(self, text):
+            if text == "from the handler\n":
+                raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stdout>'>")
+            written.append(text)
+
+    quiet = stop_signals.QuietWhenGone(Busy())
+    quiet.write("from the handler\n")
+    quiet.write("next line\n")
+    assert written == ["next line\n"] and not quiet.gone
+
+
 def test_a_run_called_from_python_is_not_lost_to_a_closed_console(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "stdout", Gone())
