@@ -58,8 +58,8 @@ class QuietWhenGone:
             raise error
         self.gone = True
         with contextlib.suppress(OSError, ValueError, AttributeError):  # a stream without a descriptor (pytest's)
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, self.stream.fileno())
+            descriptor, null = self.stream.fileno(), os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, descriptor)
             os.close(null)
             self.stream.flush()  # what the stream still buffered goes to /dev/null, not into the next flush's error
 
