@@ -656,4 +656,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from cleanrl_q_utils.stop_signals import quiet_when_gone
+
+    # A console that is gone (`| tee` ended by Ctrl-C, a closed terminal) must not stop the echo of the runs'
+    # output: the runs would block on their full pipes and the summary would be lost.
+    quiet_when_gone()
     sys.exit(main())

@@ -700,4 +700,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from cleanrl_q_utils.stop_signals import quiet_when_gone
+
+    # Output piped into `head`, which exits once it has its lines, ends the program quietly with its own status.
+    quiet_when_gone()
     sys.exit(main())

@@ -11,8 +11,12 @@ on from it (docs/benchmark.md, "Side by side with Stable-Baselines3").
 Needs the `sb3` extra: `pip install -e ".[sb3]"`.
 """
 
+import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while the libraries load exits quietly)
+
 import argparse
 import os
+import shlex
+import shutil
 import time
 
 import gymnasium as gym
@@ -21,8 +25,8 @@ import torch.nn as nn
 from torch.utils.tensorboard import SummaryWriter
 
 from cleanrl_q_utils import checkpoint_files, minatar
-from cleanrl_q_utils.flag_checks import is_plain_name
-from cleanrl_q_utils.run_folder import check_newer_checkpoint, lock_run_dir
+from cleanrl_q_utils.flag_checks import check_flag_ranges, check_wandb_login, flag_error, is_plain_name
+from cleanrl_q_utils.run_folder import check_newer_checkpoint, lock_run_dir, make_run_dir
 from cleanrl_q_utils.stop_signals import StopSignals
 
 try:
@@ -142,18 +146,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--resume", default=None, help="a checkpoint.pt of this script: the run goes on in its folder")
     args = parser.parse_args(argv)
     if args.resume is not None:
-        return resumed_args(parser, args)
-    if args.algo is None:
+        args = resumed_args(parser, args)
+    elif args.algo is None:
         parser.error("the following arguments are required: --algo")
-    if args.total_timesteps is None:
+    elif args.total_timesteps is None:
         args.total_timesteps = int(HYPERPARAMS[(args.algo, args.env_id)]["n_timesteps"])
-    if args.total_timesteps <= 0:
-        parser.error(f"--total-timesteps={args.total_timesteps}: must be > 0")
-    if args.eval_episodes < 0:
-        parser.error(f"--eval-episodes={args.eval_episodes}: must be >= 0")
-    if args.checkpoint_every < 0:
-        parser.error(f"--checkpoint-every={args.checkpoint_every}: must be >= 0")
+    check_args(args)
     return args
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """The checks of this project's scripts, on the flags this tool shares with them, before anything is built."""
+    check_flag_ranges({name: getattr(args, name) for name in ("seed", "total_timesteps", "eval_episodes", "checkpoint_every")})
+    if os.path.exists(args.runs_dir) and not os.path.isdir(args.runs_dir):
+        flag_error("runs_dir", args.runs_dir, "not a folder")
+    if args.track:
+        check_wandb_login()
 
 
 def resumed_args(parser: argparse.ArgumentParser, given: argparse.Namespace) -> argparse.Namespace:
@@ -161,7 +169,7 @@ def resumed_args(parser: argparse.ArgumentParser, given: argparse.Namespace) -> 
     (CHANGEABLE_ON_RESUME); another flag given with a value other than the run's stops in one line. The checkpoint
     itself is kept in `args.checkpoint`."""
     if not os.path.isfile(given.resume):
-        parser.error(f"--resume={given.resume}: no such file")
+        flag_error("resume", given.resume, "not a file" if os.path.exists(given.resume) else "no such file")
     checkpoint = checkpoint_files.read_checkpoint(given.resume)
     try:
         if checkpoint["script"] != "sb3_baselines.py" or checkpoint["format"] != CHECKPOINT_FORMAT:
@@ -174,13 +182,13 @@ def resumed_args(parser: argparse.ArgumentParser, given: argparse.Namespace) -> 
         if (saved["algo"], saved["env_id"]) not in HYPERPARAMS:
             raise ValueError(f"an algorithm and env this script does not have: {saved['algo']}, {saved['env_id']}")
     except (KeyError, TypeError, ValueError) as error:
-        parser.error(f"--resume={given.resume}: not a checkpoint of this script ({type(error).__name__}: {error})")
+        flag_error("resume", given.resume, f"not a checkpoint of this script ({type(error).__name__}: {error})")
     args = argparse.Namespace(**saved, resume=given.resume, checkpoint=checkpoint)
     for name, value in vars(given).items():
         if name == "resume" or value == parser.get_default(name) or value == saved[name]:
             continue
         if name not in CHANGEABLE_ON_RESUME:
-            parser.error(f"--{name.replace('_', '-')}={value}: cannot change on resume (the run has {saved[name]})")
+            flag_error(name, value, f"cannot change on resume (the run has {saved[name]})")
         setattr(args, name, value)
     return args
 
@@ -194,13 +202,13 @@ class EpisodeLogger(BaseCallback):
     on them not yet taken; a resume takes them first), every `--checkpoint-every` agent steps and when a signal
     asks the run to stop, which then ends at the next step, before that step is logged or stored."""
 
-    def __init__(self, writer: SummaryWriter, args: argparse.Namespace, run_name: str, run_dir: str, returns: list):
+    def __init__(self, writer, args: argparse.Namespace, run_name: str, run_dir: str, returns: list, signals: StopSignals):
         super().__init__()
         self.writer, self.args, self.run_name, self.total = writer, args, run_name, args.total_timesteps
         self.returns: list[float] = returns
         self.checkpoint_path = os.path.join(run_dir, "checkpoint.pt")
         self.last_checkpoint = args.resume
-        self.signals = StopSignals(lambda: self.last_checkpoint)
+        self.signals, signals.last_checkpoint = signals, lambda: self.last_checkpoint
         self.stopped = False
 
     def _on_training_start(self) -> None:
@@ -279,7 +287,7 @@ def new_run_name(runs_dir: str, base: str) -> str:
     """`base`, or `base_2`, `base_3`, ... if a run started in the same second has it: each run has a folder of its own."""
     for name in [base, *(f"{base}_{i}" for i in range(2, 1000))]:
         try:
-            os.makedirs(os.path.join(runs_dir, name))
+            make_run_dir(os.path.join(runs_dir, name))  # a folder it cannot create: one line
             return name
         except FileExistsError:
             continue
@@ -353,41 +361,48 @@ def main(args: argparse.Namespace) -> str:
     torch.set_num_threads(1)
     exp_name = f"sb3_{args.algo}"
     checkpoint = getattr(args, "checkpoint", None)
-    if checkpoint is None:
-        run_name = new_run_name(args.runs_dir, f"{args.env_id.replace('/', '-')}__{exp_name}__{args.seed}__{int(time.time())}")
-        run_dir = os.path.join(args.runs_dir, run_name)
-    else:  # the checkpoint's own folder if it is the run's, else runs_dir/<run name>: never beside another run's files
-        run_name, folder = checkpoint["run_name"], os.path.dirname(args.resume) or "."
-        run_dir = folder if os.path.basename(os.path.realpath(folder)) == run_name else os.path.join(args.runs_dir, run_name)
-        os.makedirs(run_dir, exist_ok=True)
-    lock = lock_run_dir(run_dir)
-    if checkpoint is not None:
-        check_newer_checkpoint(os.path.join(run_dir, "checkpoint.pt"), args.resume, checkpoint)
-        print(f"sb3_baselines.py: resuming {run_name} at step {checkpoint['global_step']} in {run_dir}")
-    if args.track:
-        import wandb
-
-        wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            name=run_name,
-            id=run_name,  # a resume goes on with the same W&B run
-            resume="allow",
-            sync_tensorboard=True,
-            config={key: value for key, value in vars(args).items() if key != "checkpoint"},
-            save_code=True,
-        )
-    # On resume, what the stopped run logged after its checkpoint is dropped, so that no step is logged twice.
-    writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1 if checkpoint is not None else None)
-    if checkpoint is None:
-        rows = {**vars(args), "exp_name": exp_name, **sb3_kwargs(args)}
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in rows.items()))
-
-    model = make_model(args)
-    if checkpoint is not None:
-        restore(model, checkpoint, args.seed)
-    callback = EpisodeLogger(writer, args, run_name, run_dir, list(checkpoint["returns"]) if checkpoint else [])
+    # Taken before the run folder exists, as this project's runs do: a signal while the run starts stops it at its
+    # first collection, with a checkpoint; a second Ctrl-C exits at once, and a new run's folder is removed.
+    signals = StopSignals(lambda: args.resume)
+    run_dir = lock = writer = model = callback = None
     try:
+        if checkpoint is None:
+            base = f"{args.env_id.replace('/', '-')}__{exp_name}__{args.seed}__{int(time.time())}"
+            run_name = new_run_name(args.runs_dir, base)
+            run_dir = os.path.join(args.runs_dir, run_name)
+        else:  # the checkpoint's own folder if it is the run's, else runs_dir/<run name>: never beside another run's files
+            run_name, folder = checkpoint["run_name"], os.path.dirname(args.resume) or "."
+            own_folder = os.path.basename(os.path.realpath(folder)) == run_name
+            run_dir = folder if own_folder else os.path.join(args.runs_dir, run_name)
+            make_run_dir(run_dir, exist_ok=True)
+        lock = lock_run_dir(run_dir)
+        if checkpoint is not None:
+            check_newer_checkpoint(os.path.join(run_dir, "checkpoint.pt"), args.resume, checkpoint)
+            print(f"sb3_baselines.py: resuming {run_name} at step {checkpoint['global_step']} in {run_dir}")
+        if args.track:
+            import wandb
+
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                name=run_name,
+                id=run_name,  # a resume goes on with the same W&B run
+                resume="allow",
+                sync_tensorboard=True,
+                config={key: value for key, value in vars(args).items() if key != "checkpoint"},
+                save_code=True,
+            )
+        # On resume, what the stopped run logged after its checkpoint is dropped, so that no step is logged twice.
+        writer = SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1 if checkpoint is not None else None)
+        if checkpoint is None:
+            rows = {**vars(args), "exp_name": exp_name, **sb3_kwargs(args)}
+            writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in rows.items()))
+
+        model = make_model(args)
+        if checkpoint is not None:
+            restore(model, checkpoint, args.seed)
+        returns = list(checkpoint["returns"]) if checkpoint else []
+        callback = EpisodeLogger(writer, args, run_name, run_dir, returns, signals)
         # learn() counts its total from the restored step on: the exploration schedule runs over the whole run.
         model.learn(
             total_timesteps=args.total_timesteps - model.num_timesteps,
@@ -395,21 +410,35 @@ def main(args: argparse.Namespace) -> str:
             reset_num_timesteps=checkpoint is None,
         )
         if callback.stopped:
-            print(f"stopped at step {callback.checkpoint_step} with a checkpoint; continue the run with:")
-            print(f"  python benchmark/sb3_baselines.py --resume {callback.checkpoint_path}")
-            raise SystemExit(128 + callback.signals.signum)
+            # Quoted: the folders above the run may hold spaces or characters a shell reads.
+            command = shlex.join(["python", os.path.abspath(__file__), "--resume", os.path.abspath(callback.checkpoint_path)])
+            print(f"stopped at step {callback.checkpoint_step} with a checkpoint; continue the run with:\n  {command}")
+            raise SystemExit(128 + signals.signum)
         if args.eval_episodes:
             scores = evaluate(model, args.env_id, args.eval_episodes, seed=args.seed + 1)
             for episode, score in enumerate(scores):
                 writer.add_scalar("eval/episodic_return", score, episode)
             print(f"greedy evaluation over {len(scores)} episodes: {sum(scores) / len(scores):.1f}")
+    except BaseException:
+        # A new run stopped or failed before its first step leaves no folder behind, as this project's runs do.
+        left_empty = checkpoint is None and run_dir is not None and (callback is None or callback.num_timesteps == 0)
+        raise
+    else:
+        left_empty = False
     finally:
-        callback.signals.restore()
-        model.env.close()
-        writer.close()
-        os.close(lock)
-        if args.track:
+        signals.restore()
+        if model is not None:
+            model.env.close()
+        if writer is not None:
+            writer.close()
+        if lock is not None:
+            os.close(lock)
+        if args.track and writer is not None:
+            import wandb
+
             wandb.finish()
+        if left_empty:
+            shutil.rmtree(run_dir, ignore_errors=True)
     return run_dir
 
 

@@ -2,6 +2,7 @@
 merges a checkpoint's flags with those given on the command line (which may change, which may not)."""
 
 import os
+import shlex
 import shutil
 import sys
 from dataclasses import fields, replace
@@ -140,7 +141,7 @@ def print_grouped_help(args_class, script_doc: Optional[str]) -> None:
         by_group[group_of.get(field.name, "algorithm")].append(field)
     width = min(shutil.get_terminal_size().columns, 100)
     summary = " ".join((script_doc or "").strip().split("\n\n")[0].split())  # the docstring's first paragraph
-    lines = [textwrap.fill(summary, width), "", f"usage: python {sys.argv[0]} [-h] [--flag VALUE ...]"]
+    lines = [textwrap.fill(summary, width), "", f"usage: python {shlex.quote(sys.argv[0])} [-h] [--flag VALUE ...]"]
     for group, members in by_group.items():
         lines += ["", f"{group}:"] if members else []
         for field in members:

@@ -8,6 +8,7 @@ import importlib.util
 import math
 import netrc
 import os
+import string
 import urllib.parse
 from dataclasses import replace
 from typing import NoReturn, Optional
@@ -75,13 +76,9 @@ def check_flags(checks: list[tuple[str, object, bool, str]]) -> None:
 def check_common_flags(args) -> None:
     """Range checks of every flag in FLAG_RANGES and COUNT_FLAGS that `args` has, before the script's own checks: a
     learning rate of 0 or NaN, a negative max grad norm (it would flip the gradient), an epsilon above 1 stop here."""
-    for name, value in vars(args).items():
-        if name in COUNT_FLAGS and not (isinstance(value, int) and value >= 1):
-            flag_error(name, value, "must be a whole number >= 1")
-        if name in FLAG_RANGES and not FLAG_RANGES[name][0](value):
-            flag_error(name, value, f"must be {FLAG_RANGES[name][1]}")
+    check_flag_ranges(vars(args))
     if not is_plain_name(args.exp_name, 100):
-        flag_error("exp_name", args.exp_name, "must be a folder name: no '/', not '.' or '..', at most 100 bytes")
+        flag_error("exp_name", args.exp_name, f"must be a plain name: {PLAIN_NAME_RULE}, at most 100 bytes")
     if args.track:
         check_wandb_login()
     if "learning_starts" in vars(args) and args.total_timesteps <= args.learning_starts:
@@ -89,6 +86,15 @@ def check_common_flags(args) -> None:
     # Every action of the run is logged (a byte per environment step) so that a resume can replay it.
     check_memory(args.total_timesteps, "the action log", f"--total-timesteps={args.total_timesteps}")
     check_evaluation_flags(args)
+
+
+def check_flag_ranges(values: dict) -> None:
+    """Range checks of the flags among `values` (name: value) that are in FLAG_RANGES or COUNT_FLAGS."""
+    for name, value in values.items():
+        if name in COUNT_FLAGS and not (isinstance(value, int) and value >= 1):
+            flag_error(name, value, "must be a whole number >= 1")
+        if name in FLAG_RANGES and not FLAG_RANGES[name][0](value):
+            flag_error(name, value, f"must be {FLAG_RANGES[name][1]}")
 
 
 def check_wandb_login() -> None:
@@ -190,10 +196,17 @@ def check_memory(needed_bytes: int, what: str, flags: str) -> None:
         )
 
 
+# A run's name (--exp-name in it) names its folder, its model file and its W&B run, and is part of the commands a run
+# prints: it is kept to characters that no shell, file system or URL reads as anything but themselves.
+PLAIN_NAME_CHARACTERS = frozenset(string.ascii_letters + string.digits + "._-+=,@")
+PLAIN_NAME_RULE = "letters, digits and . _ - + = , @ only, not starting with '-', not '.' or '..'"
+
+
 def is_plain_name(name, most_bytes: int = 255) -> bool:
-    """A name that is one folder or file name: no path separator, not `.` or `..`, not empty, not too long."""
-    plain = isinstance(name, str) and name not in ("", ".", "..") and not {"/", "\x00"} & set(name)
-    return plain and len(name.encode()) <= most_bytes
+    """A name that is one folder or file name of plain characters (PLAIN_NAME_RULE): no path separator, space, quote
+    or shell character, no leading '-' (it would read as a flag), not `.` or `..`, not empty, not too long."""
+    plain = isinstance(name, str) and name not in ("", ".", "..") and set(name) <= PLAIN_NAME_CHARACTERS
+    return plain and not name.startswith("-") and len(name) <= most_bytes
 
 
 # Resident memory one environment adds, rounded up from measurements (process RSS before and after building 8 to 1,024

@@ -2,13 +2,20 @@
 
 When the script is the program being run, a SIGINT, SIGTERM or SIGHUP in those seconds ends it quietly with exit status
 128 + the signal's number: Python's default prints a KeyboardInterrupt traceback for SIGINT. `training_run.Run` replaces
-these handlers with its own while a run lives and puts them back after it. Imported by anything else (a test importing
-a script), it does nothing.
+these handlers with its own while a run lives and puts them back after it.
+
+From then on, output that cannot be written is dropped: sys.stdout and sys.stderr fall silent once their console is
+gone (`stop_signals.QuietWhenGone`: a closed pipe, `--help | head` or `| tee log` ended by Ctrl-C; a terminal closed),
+so that neither a run's checkpoint nor the exit status depends on whether anyone still reads them.
+
+Imported by anything else (a test importing a script), it does nothing.
 """
 
 import os
 import signal
 import sys
+
+from cleanrl_q_utils.stop_signals import quiet_when_gone
 
 
 def exit_on_signal(signum, frame):
@@ -28,6 +35,7 @@ def imported_by_main_program() -> bool:
 
 
 if imported_by_main_program():
+    quiet_when_gone()
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if signum != signal.SIGHUP or signal.getsignal(signum) != signal.SIG_IGN:  # `nohup`: a closed terminal is ignored
             signal.signal(signum, exit_on_signal)

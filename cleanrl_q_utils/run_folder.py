@@ -8,6 +8,7 @@ import errno
 import fcntl
 import os
 import random
+import shlex
 import subprocess
 import sys
 import time
@@ -188,7 +189,7 @@ def print_start_block(args, script: str, run_dir: str, checkpoint, device: torch
         print(f"  flags changed on resume: {', '.join(changed)}" if changed else "  flags: all as in the checkpoint")
     else:
         print(f"{name}: {args.env_id}, seed {args.seed}, {args.total_timesteps} agent steps")
-    print(f"  run directory: {run_dir}  (watch it: tensorboard --logdir {os.path.dirname(run_dir) or '.'})")
+    print(f"  run directory: {run_dir}  (watch it: tensorboard --logdir {shlex.quote(os.path.dirname(run_dir) or '.')})")
     every = args.checkpoint_every
     when = f"every {every} agent steps and at the end" if every else "only when a signal stops the run (--checkpoint-every 0)"
     print(f"  checkpoint: {run_dir}/checkpoint.pt, {when}")

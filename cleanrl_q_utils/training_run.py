@@ -24,6 +24,7 @@ checkpoints; a run stopped by a signal leaves the block with SystemExit(128 + th
 
 import contextlib
 import os
+import shlex
 import shutil
 import threading
 import time
@@ -268,10 +269,10 @@ class Run:
         self.signals.training_done = last and not stopping
         if stopping:
             self.stopped = True
-            print(
-                f"checkpoint written to {self.checkpoint_path}; continue the run with:\n"
-                f"  python {self.script} --resume {os.path.abspath(self.checkpoint_path)}"
-            )
+            # Quoted: folders above the run may hold spaces or any character a shell reads, and a pasted line must run
+            # this command and only this one.
+            command = shlex.join(["python", self.script, "--resume", os.path.abspath(self.checkpoint_path)])
+            print(f"checkpoint written to {self.checkpoint_path}; continue the run with:\n  {command}")
         return stopping
 
     def clip_grad_norm(self, parameters, max_norm: float, global_step: int, **kwargs) -> torch.Tensor:

@@ -41,6 +41,8 @@ BAD = (
     + [(flag, -1) for flag in ("learning_starts", "burn_in", "checkpoint_every", "eval_episodes")]
     + [("seed", -1), ("seed", 2**32), ("seed", 2**31), ("seed", 2**32 - 1)]  # envpool takes 32-bit signed seeds
     + [("exp_name", name) for name in ("a/b", "../../x", "", "..", "x" * 300)]  # one folder name, not a path
+    # a plain name, as it is part of the printed resume line and of the W&B run: no shell character, space or flag look
+    + [("exp_name", name) for name in ("x;touch PWNED;y", "a b", "$(id)", "-x")]
     + [(flag, 0) for flag in COUNTS]
     + [("total_timesteps", 10**15), ("env_id", "NoSuchGame-v5"), ("env_id", "Pendulum-v1")]
 )

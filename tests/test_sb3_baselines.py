@@ -2,6 +2,7 @@
 at the agent step where it ended, in a run directory that benchmark/report.py reads. Skipped without the sb3 extra."""
 
 import os
+import shlex
 import signal
 from pathlib import Path
 
@@ -68,14 +69,28 @@ def test_acrobot_returns_are_minus_one_per_step_but_the_last(tmp_path):
     assert report.load_runs([tmp_path])[0].exp_name == "sb3_qrdqn"
 
 
-def test_rl_zoo_budgets_are_the_default_and_bad_flags_stop_in_one_line(capsys):
+def test_rl_zoo_budgets_are_the_default_and_bad_flags_stop_in_one_line(tmp_path, monkeypatch):
     assert sb3_baselines.parse_args(["--algo", "dqn", "--env-id", "CartPole-v1"]).total_timesteps == 50_000
     assert sb3_baselines.parse_args(["--algo", "qrdqn", "--env-id", "Acrobot-v1"]).total_timesteps == 100_000
-    for argv in (["--algo", "ppo"], ["--algo", "dqn", "--env-id", "Pong-v5"], ["--algo", "dqn", "--total-timesteps", "0"]):
+    for argv in (["--algo", "ppo"], ["--algo", "dqn", "--env-id", "Pong-v5"]):  # argparse's own: usage and status 2
         with pytest.raises(SystemExit) as stop:
             sb3_baselines.parse_args(argv)
         assert stop.value.code == 2
-    assert "--total-timesteps=0: must be > 0" in capsys.readouterr().err
+    (tmp_path / "a-file").touch()
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    for flags, message in [
+        (["--total-timesteps", "0"], "error: --total-timesteps=0: must be a whole number >= 1"),
+        (["--seed", "-1"], "error: --seed=-1: must be in [0, 2147418112)"),
+        (["--eval-episodes", "-1"], "error: --eval-episodes=-1: must be >= 0"),
+        (["--runs-dir", str(tmp_path / "a-file")], f"error: --runs-dir={tmp_path / 'a-file'}: not a folder"),
+        (["--track"], "error: --track: no Weights & Biases login found"),
+        (["--resume", str(tmp_path)], f"error: --resume={tmp_path}: not a file"),
+    ]:
+        with pytest.raises(SystemExit) as stop:
+            sb3_baselines.parse_args(["--algo", "dqn", *flags])
+        assert str(stop.value.code).startswith(message) and "\n" not in str(stop.value.code), stop.value.code
 
 
 @pytest.mark.parametrize("algo", ["dqn", "qrdqn"])
@@ -125,7 +140,10 @@ def test_a_stopped_run_resumes_from_its_checkpoint_as_if_it_had_not_stopped(algo
         assert stop.value.code == 128 + signal.SIGINT
         # SB3 collects 256 steps at a time (RL Zoo's train_freq): the checkpoint is written where that collection ends.
         (path,) = tmp_path.glob("*/checkpoint.pt")
-        assert "stopped at step 1536 with a checkpoint" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "stopped at step 1536 with a checkpoint" in out
+        resume_line = shlex.split(out.splitlines()[-1])  # pasted into a shell: exactly these words
+        assert resume_line == ["python", os.path.abspath(sb3_baselines.__file__), "--resume", os.path.abspath(path)]
         monkeypatch.setattr(sb3_baselines, "make_env", make_env)
         resumed = sb3_baselines.parse_args(["--resume", str(path)])
         assert (resumed.algo, resumed.total_timesteps, resumed.checkpoint["global_step"]) == (algo, 3000, 1536)
@@ -174,11 +192,22 @@ def test_a_resume_keeps_the_runs_flags_and_never_runs_code_from_the_file(tmp_pat
 
     run_dir = train(tmp_path / "runs", "dqn", "CartPole-v1", 300, "--checkpoint-every", "256")
     path = str(Path(run_dir) / "checkpoint.pt")
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(SystemExit, match=r"^error: --seed=2: cannot change on resume \(the run has 1\)$"):
         sb3_baselines.parse_args(["--resume", path, "--seed", "2"])
-    assert stop.value.code == 2
-    assert "--seed=2: cannot change on resume (the run has 1)" in capsys.readouterr().err
     assert sb3_baselines.parse_args(["--resume", path, "--eval-episodes", "0"]).eval_episodes == 0
+
+
+def test_two_ctrl_c_while_a_run_starts_exit_130_and_leave_no_run_folder(tmp_path, monkeypatch):
+    def interrupted_twice(args):
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(sb3_baselines, "make_model", interrupted_twice)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit) as stop:
+        train(tmp_path, "dqn", "CartPole-v1", 300)
+    assert stop.value.code == 128 + signal.SIGINT
+    assert list(tmp_path.iterdir()) == [] and signal.getsignal(signal.SIGINT) == before
 
 
 class RunsCode:
