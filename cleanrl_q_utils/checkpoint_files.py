@@ -1,7 +1,9 @@
 """Checkpoint files: what a checkpoint stores of each entry of a script's state (`state_of`, `load_into`), the random
-generators, the checksum, the atomic synced write (`write_checkpoint`), and the safe load (`read_checkpoint`, with
-`torch.load(weights_only=True)`: numpy arrays are stored as tensors of their bytes, so that no file needs code run
-to be read)."""
+generators, the checksum, the atomic synced write (`write_checkpoint`), and the safe load of every file a script reads
+(`load_safely`, `read_checkpoint`): `torch.load(weights_only=True)`, so that no file runs code (numpy arrays are stored
+as tensors of their bytes), after `check_torch_zip` has checked, before any record is read, that the file is torch.save's
+zip layout and that what loading it allocates is bounded by its size; and the shape of a checkpoint's header
+(`header_error`)."""
 
 import contextlib
 import hashlib
@@ -143,12 +145,12 @@ def stored_records(file, size: int) -> dict[str, tuple[int, int]]:
 
 def check_pickle(data: bytes) -> None:
     """Reads the opcodes of a pickle without running it: every global it names must be in PICKLE_GLOBALS or a storage
-    type of torch; one whose name is computed while unpickling (STACK_GLOBAL, which torch.save does not write) is
-    refused, as are the opcodes that build arbitrary objects."""
+    type of torch; one whose name is computed while unpickling (STACK_GLOBAL, which torch.save's default protocol 2
+    does not write) is refused, as are the opcodes that build arbitrary objects."""
     try:
         for opcode, argument, _ in pickletools.genops(data):
             if opcode.name in ("STACK_GLOBAL", "INST", "OBJ", "EXT1", "EXT2", "EXT4"):
-                raise RefusedFile(f"its pickle uses {opcode.name}, which torch.save does not write")
+                raise RefusedFile(f"its pickle uses {opcode.name}, which the files of these scripts never do")
             if opcode.name == "GLOBAL" and argument not in PICKLE_GLOBALS:
                 module, _, name = argument.partition(" ")
                 if module != "torch" or not name.endswith("Storage") or not name.isidentifier():
@@ -385,7 +387,7 @@ def header_error(checkpoint: dict) -> Optional[str]:
     for field, kinds in HEADER_TYPES.items():
         value = checkpoint.get(field, kinds[0]())
         if not isinstance(value, kinds) or isinstance(value, bool) or field in ("global_step", "envs_start") and value < 0:
-            return f"its field {field} holds a {type(value).__name__}"
+            return f"its field {field} holds {type(value).__name__} {value!r:.40}"
     flags, state = checkpoint["args"], checkpoint["state"]
     if not all(isinstance(name, str) and isinstance(value, PLAIN_FLAG_TYPES) for name, value in flags.items()):
         return "its flags are not names with plain values"

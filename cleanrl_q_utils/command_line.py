@@ -37,7 +37,8 @@ def resume(given, script: str, checkpoint_format: int):
     A flag given on the command line wins whatever its value, if it may change on resume (CHANGEABLE_ON_RESUME);
     another flag given with a value other than the checkpoint's stops the run, by name; a flag not given keeps the
     checkpoint's value. What changed is listed in the start-up block (`checkpoint["changed"]`). `script` is the
-    script's path (`__file__`); a checkpoint of another script or format, or whose contents changed, stops the run."""
+    script's path (`__file__`); a checkpoint of another script or format or shape, whose contents changed, or whose
+    networks or optimizers hold NaN or inf, stops the run in one line before anything is built."""
     if given.resume is None:
         if given.resume_fresh_envs:
             flag_error("resume_fresh_envs", True, "only with --resume PATH (how to rebuild a resumed run's games)")
