@@ -118,7 +118,11 @@ def stored_records(file, size: int) -> dict[str, tuple[int, int]]:
         raise RefusedFile("its zip archive has data before its first record or a misplaced central directory")
     records, spans = {}, []
     for info in archive.infolist():
-        if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+        if info.compress_type == zipfile.ZIP_STORED and info.compress_size != info.file_size:
+            raise RefusedFile(
+                f"its record {info.filename} declares {info.file_size:,} bytes but stores {info.compress_size:,}"
+            )
+        if info.compress_type != zipfile.ZIP_STORED:
             raise RefusedFile(
                 f"its record {info.filename} is compressed ({info.compress_size:,} bytes declaring {info.file_size:,} "
                 "bytes); torch.save stores records uncompressed"
@@ -137,8 +141,10 @@ def stored_records(file, size: int) -> dict[str, tuple[int, int]]:
         spans.append((info.header_offset, start + info.file_size, info.filename))
     end = 0
     for first, last, name in sorted(spans):
-        if first < end or last > directory_start:
-            raise RefusedFile(f"its record {name} overlaps another record or the central directory")
+        if last > directory_start:
+            raise RefusedFile(f"its record {name} declares more bytes than the file holds ({size:,} bytes in all)")
+        if first < end:
+            raise RefusedFile(f"its record {name} overlaps another record")
         end = last
     return records
 

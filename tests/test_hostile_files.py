@@ -30,32 +30,16 @@ ONE_LINE = r"^error: --(resume|model-path)=[^\n]*$"
 
 def zip_bytes(records: list[tuple[str, int, bytes, int]]) -> bytes:
     """A zip archive of `records` (name, method, payload as stored, size it declares uncompressed), written by hand so
-    that a record may declare any size. CRCs are left 0: a reader that checks them has already inflated the record."""
+    that a record may declare any size (a stored record declares it stored too). CRCs are left 0: a reader that checks
+    them has already read the record."""
     body, directory = bytearray(), bytearray()
     for name, method, payload, size in records:
-        offset, encoded = len(body), name.encode()
-        body += struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, method, 0, 33, 0, len(payload), size, len(encoded), 0)
+        offset, encoded, stored = len(body), name.encode(), size if method == 0 else len(payload)
+        body += struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, method, 0, 33, 0, stored, size, len(encoded), 0)
         body += encoded + payload
-        directory += struct.pack(
-            "<4sHHHHHHIIIHHHHHII",
-            b"PK\x01\x02",
-            20,
-            20,
-            0,
-            method,
-            0,
-            33,
-            0,
-            len(payload),
-            size,
-            len(encoded),
-            0,
-            0,
-            0,
-            0,
-            0,
-            offset,
-        )
+        version_time_crc = (20, 20, 0, method, 0, 33, 0)  # made by, needed, flags, method, time, date, CRC
+        lengths_and_offset = (stored, size, len(encoded), 0, 0, 0, 0, 0, offset)
+        directory += struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", *version_time_crc, *lengths_and_offset)
         directory += encoded
     end = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, len(records), len(records), len(directory), len(body), 0)
     return bytes(body + directory + end)
@@ -196,7 +180,14 @@ def crafted_zip(kind: str, valid: Path) -> bytes:
     return data[:directory_start] + directory + end
 
 
-@pytest.mark.parametrize("kind", ["a size beyond the file", "data before the archive", "two entries for one record"])
+EXPECTED = {
+    "a size beyond the file": "declares more bytes than the file holds",
+    "data before the archive": "data before its first record",
+    "two entries for one record": "overlaps another record",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(EXPECTED))
 def test_zip_archives_torch_save_does_not_write_are_refused(kind, copies):
     checkpoint, model = copies
     checkpoint.write_bytes(crafted_zip(kind, checkpoint))
@@ -205,7 +196,7 @@ def test_zip_archives_torch_save_does_not_write_are_refused(kind, copies):
         refused(pqn.main, pqn.Args(resume=str(checkpoint))),
         refused(pqn.main, pqn.Args(eval_only=True, model_path=str(model))),
     ):
-        assert "not a readable" in message
+        assert "not a readable" in message and EXPECTED[kind] in message
 
 
 def test_a_file_larger_than_the_memory_available_is_refused(copies, monkeypatch):
