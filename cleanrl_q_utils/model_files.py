@@ -116,8 +116,7 @@ def evaluate_only(given, script: str, validate: Callable, evaluate: Callable) ->
         args = given
     elif saved["script"] != name:
         flag_error("model_path", given.model_path, f"written by {saved['script']}, not {name}")
-    elif flag_of_another_type(saved["args"], type(given)()):  # checked before any flag is used
-        wrong = flag_of_another_type(saved["args"], type(given)())
+    elif wrong := flag_of_another_type(saved["args"], type(given)()):  # checked before any flag is used
         flag_error(
             "model_path", given.model_path, f"not a readable model file (its flag {wrong} holds {saved['args'][wrong]!r:.60})"
         )
