@@ -8,7 +8,13 @@ import sys
 from dataclasses import fields, replace
 from typing import Optional
 
-from cleanrl_q_utils.checkpoint_files import content_digest, read_checkpoint
+from cleanrl_q_utils.checkpoint_files import (
+    all_finite,
+    content_digest,
+    flag_of_another_type,
+    header_error,
+    read_checkpoint,
+)
 from cleanrl_q_utils.flag_checks import flag_error, is_plain_name, rounded_total
 from cleanrl_q_utils.model_files import MODEL_FILE
 
@@ -35,7 +41,8 @@ def resume(given, script: str, checkpoint_format: int):
     A flag given on the command line wins whatever its value, if it may change on resume (CHANGEABLE_ON_RESUME);
     another flag given with a value other than the checkpoint's stops the run, by name; a flag not given keeps the
     checkpoint's value. What changed is listed in the start-up block (`checkpoint["changed"]`). `script` is the
-    script's path (`__file__`); a checkpoint of another script or format, or whose contents changed, stops the run."""
+    script's path (`__file__`); a checkpoint of another script or format or shape, whose contents changed, or whose
+    networks or optimizers hold NaN or inf, stops the run in one line before anything is built."""
     if given.resume is None:
         if given.resume_fresh_envs:
             flag_error("resume_fresh_envs", True, "only with --resume PATH (how to rebuild a resumed run's games)")
@@ -43,26 +50,30 @@ def resume(given, script: str, checkpoint_format: int):
     if not os.path.isfile(given.resume):
         flag_error("resume", given.resume, "not a file" if os.path.exists(given.resume) else "no such file")
     checkpoint, names = read_checkpoint(given.resume, "resume"), {field.name for field in fields(given)}
-    if isinstance(checkpoint, dict) and checkpoint.get("kind") == MODEL_FILE:
+    if checkpoint.get("kind") == MODEL_FILE:
         flag_error("resume", given.resume, "a model file (--save-model), not a checkpoint: evaluate it with --eval-only")
     try:
+        malformed = header_error(checkpoint)
+        if malformed:
+            raise ValueError(malformed)
         script = os.path.basename(script)
-        if checkpoint.get("script") != script:
-            raise ValueError(f"written by {checkpoint.get('script')}, not {script}")
+        if checkpoint["script"] != script:
+            raise ValueError(f"written by {checkpoint['script']}, not {script}")
         if checkpoint["format"] != checkpoint_format or set(checkpoint["args"]) - LATER_FLAGS != names - LATER_FLAGS:
             raise ValueError(f"format {checkpoint['format']}, expected {checkpoint_format}")
         if content_digest({k: v for k, v in checkpoint.items() if k != "digest"}) != checkpoint["digest"]:
             raise ValueError("its contents do not match their checksum (a damaged file)")
         if not is_plain_name(checkpoint["run_name"]):
             raise ValueError(f"its run name {checkpoint['run_name']!r} is not a folder name")
-        defaults = type(given)()
-        for name, value in checkpoint["args"].items():
-            default = getattr(defaults, name, None)
-            kinds = (type(default), type(None)) if default is None or not isinstance(default, float) else (float, int)
-            if name in names and default is not None and not isinstance(value, kinds) or isinstance(value, (dict, list)):
-                raise ValueError(f"its flag {name} holds {value!r}")
+        wrong = flag_of_another_type(checkpoint["args"], type(given)())
+        if wrong:
+            raise ValueError(f"its flag {wrong} holds {checkpoint['args'][wrong]!r}")
     except (KeyError, TypeError, ValueError) as error:
         flag_error("resume", given.resume, f"not a readable checkpoint ({type(error).__name__}: {error})")
+    # The learned entries Run.save named: refused here, before a run folder or log is touched, rather than resumed and
+    # later named as the last good checkpoint by the NaN stop.
+    if not all_finite([checkpoint["state"][key] for key in checkpoint.get("learned", [])]):
+        flag_error("resume", given.resume, "its networks or optimizers hold NaN or inf; resume from an earlier checkpoint")
     saved = {**{name: getattr(type(given)(), name) for name in LATER_FLAGS & names}, **checkpoint["args"]}
     # How to resume is said anew each time: --resume, and --resume-fresh-envs (fresh games, or the exact replay).
     args, changed = replace(type(given)(**saved), resume=given.resume, resume_fresh_envs=given.resume_fresh_envs), []

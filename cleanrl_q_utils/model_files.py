@@ -4,13 +4,20 @@ reads them back without running code and rebuilds the agent from the saved flags
 import os
 import time
 from dataclasses import fields, replace
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils.checkpoint_files import load_safely, unreadable_reason, write_atomically
+from cleanrl_q_utils.checkpoint_files import (
+    PLAIN_FLAG_TYPES,
+    all_finite,
+    flag_of_another_type,
+    load_safely,
+    unreadable_reason,
+    write_atomically,
+)
 from cleanrl_q_utils.flag_checks import check_evaluation_flags, flag_error
 from cleanrl_q_utils.run_folder import describe_device, pick_device, seed_everything
 
@@ -31,22 +38,57 @@ def save_model(path: str, script: str, args, network: nn.Module) -> None:
     write_atomically(path, lambda file: torch.save(model, file))
 
 
-def read_model_file(path: str, device="cpu") -> dict:
-    """The contents of a model file, loaded without running code (`weights_only=True`: tensors and plain values only);
-    a file of bare weights (written before flags were saved) reads as {"model": ...}."""
+def read_model_file(path: str) -> dict:
+    """The contents of a model file, loaded without running code and within bounded memory (`load_safely`): a dict of
+    its `kind`, `script`, `args` (plain values) and `model` (weights: names and tensors). A file of bare weights
+    (written before flags were saved) reads as {"model": ...}. Any other shape, or weights that hold NaN or inf, is
+    refused in one line. While `evaluate_only` runs, the file it read is not read again (`held`)."""
+    if path in held:
+        return held[path]
     try:
-        saved = load_safely(path, device)
+        saved = load_safely(path)
     except Exception as error:
         flag_error("model_path", path, f"not a readable model file ({unreadable_reason(error)})")
     if isinstance(saved, dict) and {"format", "digest", "state"} <= set(saved):
         flag_error("model_path", path, "a checkpoint, not a model file: --save-model writes one (or --resume this)")
-    return saved if isinstance(saved, dict) and saved.get("kind") == MODEL_FILE else {"model": saved}
+    if not isinstance(saved, dict):
+        flag_error("model_path", path, f"not a readable model file (its top level is a {type(saved).__name__}, not a dict)")
+    saved = saved if saved.get("kind") == MODEL_FILE else {"model": saved}
+    wrong = model_file_error(saved)
+    if wrong:
+        flag_error("model_path", path, f"not a readable model file ({wrong})")
+    return saved
+
+
+# The model file `evaluate_only` read, by path, while it evaluates it: the script's `evaluate` loads its weights
+# (`load_weights`) from what was read and checked once, not from a second read of a file that may have changed.
+held: dict[str, dict] = {}
+
+
+def model_file_error(saved: dict) -> Optional[str]:
+    """Why `saved` (a model file's contents, or {"model": bare weights}) has not the shape `save_model` writes, or None."""
+    fields_of = dict(kind=str, script=str, args=dict) if "kind" in saved else {}
+    for field, kind in fields_of.items():
+        if not isinstance(saved.get(field), kind):
+            return f"its field {field} holds a {type(saved.get(field)).__name__}"
+    if set(saved) != {*fields_of, "model"}:
+        return f"its fields are {sorted(map(str, saved))}"
+    if fields_of and not all(isinstance(k, str) and isinstance(v, PLAIN_FLAG_TYPES) for k, v in saved["args"].items()):
+        return "its flags are not names with plain values"
+    weights = saved["model"]
+    if not isinstance(weights, dict) or not weights:
+        return "its weights are not a dict of tensors"
+    if not all(isinstance(name, str) and type(value) is torch.Tensor for name, value in weights.items()):
+        return "its weights are not a dict of names and tensors"
+    if not all_finite(weights):
+        return "its weights hold NaN or inf"
+    return None
 
 
 def load_weights(network: nn.Module, path: str, device) -> None:
     """Loads the weights of a model file into `network`, or stops with one line when they do not fit it (a file of
     another script, or of bare weights saved with other network sizes)."""
-    weights = read_model_file(path, device)["model"]
+    weights = read_model_file(path)["model"]
     try:
         network.load_state_dict(weights)
     except (RuntimeError, TypeError, AttributeError) as error:
@@ -74,6 +116,10 @@ def evaluate_only(given, script: str, validate: Callable, evaluate: Callable) ->
         args = given
     elif saved["script"] != name:
         flag_error("model_path", given.model_path, f"written by {saved['script']}, not {name}")
+    elif wrong := flag_of_another_type(saved["args"], type(given)()):  # checked before any flag is used
+        flag_error(
+            "model_path", given.model_path, f"not a readable model file (its flag {wrong} holds {saved['args'][wrong]!r:.60})"
+        )
     else:
         names, defaults = {field.name for field in fields(given)}, type(given)()
         taken = names.difference(EVALUATION_FLAGS, TRAINING_RUN_FLAGS)
@@ -90,7 +136,11 @@ def evaluate_only(given, script: str, validate: Callable, evaluate: Callable) ->
     print(f"{name}: evaluating {args.model_path} on {args.env_id}, device {describe_device(device, args.cuda)}")
     # No run folder: an evaluation leaves nothing in the model's run folder, whose run may be going on.
     video_folder = f"videos/{os.path.basename(os.path.dirname(os.path.abspath(args.model_path)))}-eval-{int(time.time())}"
-    scores = evaluate(args.model_path, args, device, video_folder) if args.eval_episodes else []  # 0: envpool builds none
+    held[args.model_path] = saved
+    try:
+        scores = evaluate(args.model_path, args, device, video_folder) if args.eval_episodes else []  # 0: envpool builds none
+    finally:
+        held.pop(args.model_path, None)
     print(evaluation_line(args.model_path, scores))
     if args.capture_video:
         print(f"videos in {video_folder}")

@@ -131,8 +131,8 @@ def check_newer_checkpoint(path: str, resume_path: str, checkpoint: dict) -> Non
     """Stops a resume that would overwrite, at `path`, a newer checkpoint of the run or a file that is not this run's."""
     if not os.path.exists(path) or os.path.samefile(path, resume_path):
         return
-    try:  # mmap: only the few plain values are read, not the tensors
-        present = load_safely(path, "cpu", mmap=True)
+    try:  # checked and memory-mapped: only the few plain values are read, not the tensors
+        present = load_safely(path, mmap=True)
         present_step = present["global_step"] if present["run_name"] == checkpoint["run_name"] else None
     except Exception:
         present_step = None

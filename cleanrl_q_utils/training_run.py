@@ -225,13 +225,14 @@ class Run:
     def save(self, global_step: int, state: dict) -> str:
         """Writes the checkpoint of `state` at `global_step` over the previous one (see `write_checkpoint`). A state
         whose weights or optimizer moments hold NaN or inf is not written: the previous checkpoint stays good."""
-        learned = [key for key, value in state.items() if isinstance(value, (nn.Module, torch.optim.Optimizer))]
+        learned = [key for key, value in state.items() if checkpoint_files.is_learned(value)]
         state = {key: checkpoint_files.state_of(value) for key, value in state.items()}
         header = dict(format=self.format, script=os.path.basename(self.script), args=vars(self.args), run_name=self.name)
         checkpoint = dict(
             header, wandb_id=self.wandb_id, global_step=global_step, rng=checkpoint_files.rng_states(), state=state
         )
-        checkpoint["envs_start"] = self.envs_start
+        # `learned` names the entries a resume checks for NaN and inf before it builds anything
+        checkpoint.update(envs_start=self.envs_start, learned=learned)
         if not checkpoint_files.all_finite([state[key] for key in learned]):  # buffers may hold inf by design
             raise SystemExit(
                 f"error: non-finite values in the state at step {global_step}; no checkpoint written; "
