@@ -152,6 +152,8 @@ def say(text: str = "", stream=None) -> None:
     """Prints a line of the launcher's own. Output that cannot be written (a closed pipe, a closed terminal: EPIPE,
     EIO) must not stop the launcher while runs depend on it: the stream is pointed at /dev/null and all goes on."""
     stream = sys.stdout if stream is None else stream
+    if stream is None:  # started with its output closed (`>&-`): Python has no stream to write to
+        return
     try:
         stream.write(text + "\n")
         stream.flush()
@@ -557,11 +559,12 @@ class Stopper:
 def echo(job: Job, text: str) -> None:
     # One write call per line: lines of runs echoed at the same time do not mix (and no lock is needed, which a Ray
     # task or a Slurm job could not be sent with). A console that cannot be written stops nothing (see `say`).
-    try:
-        sys.stdout.write(f"[{job.env_id} {job.seed}] {text}")
-        sys.stdout.flush()
-    except OSError:
-        silence(sys.stdout)
+    if sys.stdout is not None:
+        try:
+            sys.stdout.write(f"[{job.env_id} {job.seed}] {text}")
+            sys.stdout.flush()
+        except OSError:
+            silence(sys.stdout)
     if job.log_path is not None:
         try:
             with open(job.log_path, "a") as log:

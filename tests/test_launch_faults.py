@@ -272,3 +272,12 @@ def test_a_closed_console_neither_stops_the_launcher_nor_its_runs(tmp_path):
     assert "Traceback" not in launcher.stderr.read()
     for seed in (1, 2):
         assert "line 2999" in (tmp_path / "run" / f"A__{seed}" / "console.log").read_text()
+
+
+def test_a_launcher_started_with_its_output_closed_still_runs_everything(tmp_path):
+    launch_command = (
+        f"{sys.executable} {LAUNCH} --output-dir {tmp_path} --env-ids A --seeds 1 -- {sys.executable} -c 'print(7)'"
+    )
+    result = subprocess.run(["bash", "-c", f"{launch_command} >&- 2>&-"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    assert (tmp_path / "run" / "A__1" / "console.log").read_text() == "7\n"
