@@ -54,6 +54,7 @@ STOP_CODES = {code for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) for
 RETURN_TAG, LAST_EPISODES = "charts/episodic_return", 100
 # Slurm: how often one run may be cut by --time and requeued (submitit's max_num_timeout); each piece resumes.
 MAX_TIMEOUTS = 100
+STOPPED_BEFORE_START = "not started: the launcher was stopped"
 RECORD = "launch.json"  # in a run's folder: the exact command it runs, and its result once it ended
 REPO = Path(__file__).resolve().parents[1]
 EXP_NAME_RULE = "must be a name the scripts accept for --exp-name: one folder name (no '/', not '.' or '..')"
@@ -463,8 +464,11 @@ class Attempt:
         libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child, between fork and exec, only calls it
 
         def child_setup():
-            if backend == "local":  # a launcher killed outright (SIGKILL) still has its runs stop with a checkpoint
-                libc.prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG (sent when the thread that started the run ends)
+            # A launcher killed outright (SIGKILL) still has its runs stop with a checkpoint. 1: PR_SET_PDEATHSIG, sent
+            # when the thread that started the run ends, and again as the run passes to other threads that end; a run
+            # takes a repeated SIGTERM for the stop under way (SIGINT would not do: a second one exits at once).
+            if backend == "local":
+                libc.prctl(1, signal.SIGTERM)
             if backend == "slurm":  # Slurm's warning signal (USR2) reaches every process of the job: the run must not
                 signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # die of it; SlurmRun.checkpoint stops it with SIGTERM
             if backend == "ray":  # the run dies with the task's process (kill -9, a lost node), so that a retried task
@@ -602,7 +606,7 @@ def run_with_retries(
     code, attempts, seconds and final return."""
     start, lock = time.time(), None
     if stopper is not None and stopper.requested:
-        job.note = "not started: the launcher was stopped"
+        job.note = STOPPED_BEFORE_START
         return job
     if job.workdir is not None:
         Path(job.workdir).mkdir(parents=True, exist_ok=True)
@@ -637,7 +641,7 @@ def run_with_retries(
                     job.log_path = None
         for attempt in range(1 + max_retries):
             if stopper is not None and stopper.requested:
-                job.note = job.note or "not started: the launcher was stopped"
+                job.note = job.note or STOPPED_BEFORE_START
                 break
             command, checkpoint = job.command, find_checkpoint(job.workdir) if job.workdir else None
             if checkpoint is not None:
@@ -892,8 +896,10 @@ def print_summary(jobs: list[Job]) -> None:
         say(f"  {job.label:<36} {job.status:<24} {job.attempts:>5} {job.seconds / 60:8.2f} min {score:>13}  {folder}")
         if job.why:
             say(f"      why: {job.why}")
-    failed = sum(not job.ok for job in jobs)
-    say(f"{len(jobs) - failed}/{len(jobs)} runs succeeded" + (f", {failed} failed" if failed else ""))
+    stopped = sum(job.returncode in STOP_CODES or job.note == STOPPED_BEFORE_START for job in jobs)
+    failed = sum(not job.ok for job in jobs) - stopped
+    counts = [f"{stopped} stopped" if stopped else "", f"{failed} failed" if failed else ""]
+    say(", ".join([f"{len(jobs) - failed - stopped}/{len(jobs)} runs succeeded", *filter(None, counts)]))
     if any(job.final_return is not None for job in jobs):
         say(f"final return: mean {RETURN_TAG} of the last {LAST_EPISODES} training episodes")
 
