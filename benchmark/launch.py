@@ -18,7 +18,7 @@ which holds its `runs/<run name>/` and its `console.log`. A run that fails, or w
 job that is preempted or reaches `--time` stops its run with a checkpoint and is requeued to resume it. Running the
 same command again skips the runs that finished and resumes the others; a run folder that holds a run of another
 command is refused. The launcher creates files only below --output-dir (and --log-dir). SIGINT, SIGTERM or SIGHUP to
-the local backend is passed on to the running runs, which write their checkpoints; the launcher waits for them and
+the launcher (local, ray) stops the running runs, which write their checkpoints; the launcher waits for them and
 exits with 128 + the signal's number. docs/cluster.md has the details.
 """
 
@@ -55,6 +55,7 @@ RETURN_TAG, LAST_EPISODES = "charts/episodic_return", 100
 # Slurm: how often one run may be cut by --time and requeued (submitit's max_num_timeout); each piece resumes.
 MAX_TIMEOUTS = 100
 STOPPED_BEFORE_START = "not started: the launcher was stopped"
+CANCELLED = "cancelled: the launcher was stopped"  # a Ray task: not started, or killed by a second Ctrl-C
 RECORD = "launch.json"  # in a run's folder: the exact command it runs, and its result once it ended
 REPO = Path(__file__).resolve().parents[1]
 EXP_NAME_RULE = "must be a name the scripts accept for --exp-name: one folder name (no '/', not '.' or '..')"
@@ -502,7 +503,9 @@ class Attempt:
     def wait(self) -> int:
         while self.pump.is_alive():  # in short joins, so that this thread stays free to answer signals
             self.pump.join(0.5)
-        return self.process.returncode
+        # The pump waited for the process, but a join cut by an exception (Ray's KeyboardInterrupt) can leave the
+        # thread reported as ended before it is: wait for the process itself.
+        return self.process.wait()
 
     def signal(self, signum: int) -> None:
         try:
@@ -661,7 +664,12 @@ def run_with_retries(
             started(running)
             if stopper is not None:
                 stopper.started(running)
-            job.returncode = running.wait()
+            try:
+                job.returncode = running.wait()
+            except KeyboardInterrupt:  # Ray's cancel of the task (the launcher was stopped): the run stops likewise
+                running.stop()
+                job.returncode = running.wait()
+                break
             if stopper is not None:
                 stopper.ended(running)
             if job.returncode == 0 or job.returncode in STOP_CODES:
@@ -711,10 +719,12 @@ def run_local(jobs: list[Job], args: argparse.Namespace, options: dict, stopper:
 
 class ClusterInterrupt:
     """SIGINT, SIGTERM and SIGHUP to the ray or slurm launcher: the first one interrupts the waiting as Ctrl-C always
-    did (KeyboardInterrupt); later ones are recorded and change nothing, so that no traceback cuts the clean-up."""
+    did (KeyboardInterrupt); later ones are recorded and change nothing, so that no traceback cuts the clean-up,
+    except a second Ctrl-C while `again` is set (Ray's runs being stopped)."""
 
     def __init__(self):
         self.signals: list[int] = []
+        self.again = False
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -723,7 +733,7 @@ class ClusterInterrupt:
 
     def on_signal(self, signum, frame) -> None:
         self.signals.append(signum)
-        if len(self.signals) == 1:
+        if len(self.signals) == 1 or (self.again and signum == signal.SIGINT):
             raise KeyboardInterrupt
 
 
@@ -753,7 +763,7 @@ def ray_options(args: argparse.Namespace) -> dict:
     return options | ({"memory": int(args.mem_gb * 1e9)} if args.mem_gb else {})
 
 
-def run_ray(jobs: list[Job], args: argparse.Namespace, options: dict) -> list[Job]:
+def run_ray(jobs: list[Job], args: argparse.Namespace, options: dict, interrupt: ClusterInterrupt) -> list[Job]:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # echo every line of every run, as the local backend
     ray = import_extra("ray")
     check_ray_address(args.ray_address)
@@ -764,6 +774,7 @@ def run_ray(jobs: list[Job], args: argparse.Namespace, options: dict) -> list[Jo
             "" if os.environ.get("RAY_AUTH_MODE") else " (a cluster with token authentication also needs RAY_AUTH_MODE=token)"
         )
         fail(f"--ray-address={args.ray_address}: {str(error).splitlines()[0]}{hint}")
+    interrupt.install()  # ray.init puts a handler of its own on SIGTERM, which ends the process with a stack dump
     # Ray retries a task whose worker or node died (max_retries); the task itself retries a run that failed.
     remote = ray.remote(run_with_retries).options(**ray_options(args))
     say(f"Launching {len(jobs)} runs on Ray ({ray.cluster_resources().get('CPU', 0):.0f} CPUs in the cluster)")
@@ -779,10 +790,34 @@ def run_ray(jobs: list[Job], args: argparse.Namespace, options: dict) -> list[Jo
                 done[index].note = f"lost: {type(error).__name__}"
                 echo(done[index], f"lost: {str(error).splitlines()[0]}\n")
     except KeyboardInterrupt:
-        say("\nInterrupted: the unfinished runs resume from their checkpoints when this command runs again")
+        interrupt.again = True
+        stop_ray_runs(ray, [refs.index(ref) for ref in pending], refs, done)
+        interrupt.again = False
     finally:
         ray.shutdown()
     return done
+
+
+def stop_ray_runs(ray, indices: list[int], refs: list, done: list[Job]) -> None:
+    """Cancels the unfinished tasks: a queued one never starts; in a running one Ray raises KeyboardInterrupt, and
+    run_with_retries stops its run with SIGTERM and waits for the checkpoint. A second Ctrl-C kills the tasks' workers,
+    and with them the runs (their last checkpoint stays)."""
+    say("\nInterrupted: the running runs stop with a checkpoint and no new one starts; waiting for them (a second "
+        "Ctrl-C kills them at once)")  # fmt: skip
+    for index in indices:
+        ray.cancel(refs[index])
+    for index in indices:
+        while True:
+            try:
+                done[index] = ray.get(refs[index])
+            except KeyboardInterrupt:  # a second Ctrl-C
+                say("\nSIGINT again: killing the runs; they resume from their last checkpoint when this command runs again")
+                for other in indices:
+                    ray.cancel(refs[other], force=True)
+                continue
+            except Exception as error:  # cancelled before it started, or killed
+                done[index].note = CANCELLED if "Cancel" in type(error).__name__ else f"lost: {type(error).__name__}"
+            break
 
 
 class SlurmRun:
@@ -896,7 +931,7 @@ def print_summary(jobs: list[Job]) -> None:
         say(f"  {job.label:<36} {job.status:<24} {job.attempts:>5} {job.seconds / 60:8.2f} min {score:>13}  {folder}")
         if job.why:
             say(f"      why: {job.why}")
-    stopped = sum(job.returncode in STOP_CODES or job.note == STOPPED_BEFORE_START for job in jobs)
+    stopped = sum(job.returncode in STOP_CODES or job.note in (STOPPED_BEFORE_START, CANCELLED) for job in jobs)
     failed = sum(not job.ok for job in jobs) - stopped
     counts = [f"{stopped} stopped" if stopped else "", f"{failed} failed" if failed else ""]
     say(", ".join([f"{len(jobs) - failed - stopped}/{len(jobs)} runs succeeded", *filter(None, counts)]))
@@ -929,7 +964,7 @@ def main(argv: list[str] | None = None) -> int:
         interrupt = ClusterInterrupt()
         interrupt.install()
         try:
-            jobs = run_ray(jobs, args, options) if args.backend == "ray" else run_slurm(jobs, args, options)
+            jobs = run_ray(jobs, args, options, interrupt) if args.backend == "ray" else run_slurm(jobs, args, options)
         except KeyboardInterrupt:  # before the waiting began (connecting, submitting)
             say("\nInterrupted before the runs were waited for")
     print_summary(jobs)
