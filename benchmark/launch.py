@@ -284,6 +284,12 @@ def check_names(command: list[str], env_ids: list[str], seeds: list[int]) -> Non
         for seed in seeds:
             if not is_plain_name(job_folder_name(env_id, seed)):
                 fail(f"--env-ids={env_id}: must give a folder name `<env id>__<seed>` of at most 255 bytes")
+    folders = {}  # a '/' in an env id becomes '-' in its folder's name: two ids must not share a folder
+    for env_id in env_ids:
+        other = folders.setdefault(job_folder_name(env_id, 0), env_id)
+        if other != env_id:
+            shared = job_folder_name(env_id, 0).removesuffix("__0")
+            fail(f"--env-ids={' '.join(env_ids)}: {other} and {env_id} would share the run folders {shared}__<seed>")
 
 
 def check_writable(folder: Path | None, flag: str) -> None:
@@ -644,7 +650,7 @@ def run_with_retries(
                     job.log_path = None
         for attempt in range(1 + max_retries):
             if stopper is not None and stopper.requested:
-                job.note = job.note or STOPPED_BEFORE_START
+                job.note = job.note if job.attempts else STOPPED_BEFORE_START
                 break
             command, checkpoint = job.command, find_checkpoint(job.workdir) if job.workdir else None
             if checkpoint is not None:

@@ -118,6 +118,14 @@ def test_an_env_id_too_long_for_a_folder_name_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_env_ids_that_would_share_a_run_folder_are_refused(tmp_path):
+    result = launch(
+        "--output-dir", str(tmp_path / "out"), "--env-ids", "ALE/Pong-v5", "ALE-Pong-v5", "--seeds", "1", "--", "true"
+    )
+    assert one_error_line(result).endswith(": ALE/Pong-v5 and ALE-Pong-v5 would share the run folders ALE-Pong-v5__<seed>")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("link", ["run", "run/E__1", "run/E__1/runs", "run/E__1/console.log", "run/E__1/launch.json"])
 def test_a_link_that_leads_out_of_the_output_dir_is_refused(tmp_path, link):
     out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
