@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -50,10 +51,17 @@ def launch(*args: str, cwd: Path = REPO, **popen) -> subprocess.CompletedProcess
     return subprocess.run([sys.executable, str(LAUNCH), *args], capture_output=True, text=True, timeout=120, cwd=cwd, **popen)
 
 
+def hangup(disposition) -> Callable[[], None]:
+    """A child's SIGHUP handling set to `disposition`: whether pytest itself runs under nohup (SIGHUP ignored, inherited)
+    must not decide what the tests see."""
+    return lambda: signal.signal(signal.SIGHUP, disposition)
+
+
 def start_launcher(*args: str, env: dict | None = None, **popen) -> subprocess.Popen:
     """The launcher in a process group of its own (as a job of a shell): a signal to the group is what a terminal's
     Ctrl-C, `timeout` or a closed terminal sends."""
     popen.setdefault("stdout", subprocess.PIPE)
+    popen.setdefault("preexec_fn", hangup(signal.SIG_DFL))
     return subprocess.Popen(
         [sys.executable, str(LAUNCH), *args],
         stderr=subprocess.PIPE,
@@ -235,6 +243,19 @@ def test_a_signal_to_the_launcher_reaches_each_run_once_and_waits_for_their_chec
     assert again.returncode == 0, again.stdout + again.stderr
     for workdir in running:
         assert f"--resume {workdir / 'runs' / 'r' / 'checkpoint.pt'}" in (workdir / "resumed").read_text()
+
+
+def test_a_launcher_under_nohup_goes_on_through_a_hangup(tmp_path):
+    args = ["--output-dir", str(tmp_path), "--env-ids", "A", "--seeds", "1", "--", sys.executable, "-c", RUN]
+    launcher = start_launcher(*args, preexec_fn=hangup(signal.SIG_IGN))
+    (workdir,) = workdirs(tmp_path, "A")
+    wait_for([workdir / "pid"], launcher)
+    os.killpg(launcher.pid, signal.SIGHUP)
+    time.sleep(0.5)
+    assert launcher.poll() is None and not (workdir / "signals").exists()
+    os.killpg(launcher.pid, signal.SIGTERM)
+    stdout, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == 143 and (workdir / "signals").read_text() == "15", stdout + stderr
 
 
 def test_a_second_ctrl_c_is_passed_on_and_the_runs_exit_at_once(tmp_path):
