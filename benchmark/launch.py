@@ -16,14 +16,19 @@ With `--output-dir` (the default for both), each pair runs in its own directory 
 which holds its `runs/<run name>/` and its `console.log`. A run that fails, or whose node dies, is retried up to
 `--max-retries` times, and a retry resumes from the run's checkpoint (`--checkpoint-every` is passed on); a Slurm
 job that is preempted or reaches `--time` stops its run with a checkpoint and is requeued to resume it. Running the
-same command again skips the runs that finished and resumes the others. docs/cluster.md has the details.
+same command again skips the runs that finished and resumes the others; a run folder that holds a run of another
+command is refused. The launcher creates files only below --output-dir (and --log-dir). SIGINT, SIGTERM or SIGHUP to
+the launcher (local, ray) stops the running runs, which write their checkpoints; the launcher waits for them and
+exits with 128 + the signal's number. docs/cluster.md has the details.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import fcntl
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -34,7 +39,7 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NoReturn
@@ -49,6 +54,21 @@ STOP_CODES = {code for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) for
 RETURN_TAG, LAST_EPISODES = "charts/episodic_return", 100
 # Slurm: how often one run may be cut by --time and requeued (submitit's max_num_timeout); each piece resumes.
 MAX_TIMEOUTS = 100
+STOPPED_BEFORE_START = "not started: the launcher was stopped"
+CANCELLED = "cancelled: the launcher was stopped"  # a Ray task: not started, or killed by a second Ctrl-C
+RECORD = "launch.json"  # in a run's folder: the exact command it runs, and its result once it ended
+REPO = Path(__file__).resolve().parents[1]
+EXP_NAME_RULE = "must be a name the scripts accept for --exp-name: one folder name (no '/', not '.' or '..')"
+
+
+def load_name_rule() -> Callable[[str, int], bool]:
+    """The scripts' own rule for --exp-name (cleanrl_q_utils.flag_checks.is_plain_name): what a script refuses, the
+    launcher refuses before it makes a folder of it. The repository is searched last, after an installed package."""
+    if str(REPO) not in sys.path:
+        sys.path.append(str(REPO))
+    from cleanrl_q_utils.flag_checks import is_plain_name
+
+    return is_plain_name
 
 
 @dataclass
@@ -130,9 +150,33 @@ def read_output_line(job: Job, line: str) -> None:
         job.error_line = line.strip()
 
 
+def say(text: str = "", stream=None) -> None:
+    """Prints a line of the launcher's own. Output that cannot be written (a closed pipe, a closed terminal: EPIPE,
+    EIO) must not stop the launcher while runs depend on it: the stream is pointed at /dev/null and all goes on."""
+    stream = sys.stdout if stream is None else stream
+    if stream is None:  # started with its output closed (`>&-`): Python has no stream to write to
+        return
+    try:
+        stream.write(text + "\n")
+        stream.flush()
+    except OSError:
+        silence(stream)
+
+
+def silence(stream) -> None:
+    """Sends what is still to be written to the stream, and what comes later, to /dev/null (so that the flush at exit
+    cannot fail either)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
 def fail(message: str) -> NoReturn:
     """Stops the launcher, before any run started, with one line."""
-    print(f"error: {message}", file=sys.stderr)
+    say(f"error: {message}", sys.stderr)
     sys.exit(2)
 
 
@@ -213,21 +257,51 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if args.max_retries > 0 and args.output_dir is None:
         fail(f"--max-retries={args.max_retries}: needs --output-dir, where a retry finds the run's checkpoint")
     args.time_min = slurm_minutes(args.time)
+    if args.resume_args is not None:
+        try:
+            shlex.split(args.resume_args)
+        except ValueError as error:  # an unbalanced quote
+            fail(f"--resume-args={args.resume_args}: {str(error).lower()}; quote it as a shell would")
+    check_names(command, args.env_ids, args.seeds)
+    for flag, folder in (("--output-dir", args.output_dir), ("--log-dir", args.log_dir)):
+        if folder is not None and folder.exists() and not folder.is_dir():
+            fail(f"{flag}={folder}: is a file, not a folder; name a folder (it is created if missing)")
     if not args.dry_run:  # a dry run writes nothing, so it needs no writable folder
-        check_writable(args.output_dir)
+        check_writable(args.output_dir, "--output-dir")
+        if args.log_dir is not None:
+            check_writable(args.log_dir, "--log-dir")
     return args, command
 
 
-def check_writable(output_dir: Path | None) -> None:
+def check_names(command: list[str], env_ids: list[str], seeds: list[int]) -> None:
+    """The launcher makes folders and files of the experiment name and of each env id and seed: each must be one plain
+    name, which keeps every path it derives from them below --output-dir (or --log-dir)."""
+    is_plain_name = load_name_rule()
+    exp_name = experiment_name(command)
+    if not is_plain_name(exp_name, 100):
+        fail(f"--exp-name={exp_name} (in the command): {EXP_NAME_RULE}, at most 100 bytes")
+    for env_id in env_ids:
+        for seed in seeds:
+            if not is_plain_name(job_folder_name(env_id, seed)):
+                fail(f"--env-ids={env_id}: must give a folder name `<env id>__<seed>` of at most 255 bytes")
+    folders = {}  # a '/' in an env id becomes '-' in its folder's name: two ids must not share a folder
+    for env_id in env_ids:
+        other = folders.setdefault(job_folder_name(env_id, 0), env_id)
+        if other != env_id:
+            shared = job_folder_name(env_id, 0).removesuffix("__0")
+            fail(f"--env-ids={' '.join(env_ids)}: {other} and {env_id} would share the run folders {shared}__<seed>")
+
+
+def check_writable(folder: Path | None, flag: str) -> None:
     """Stops before launching anything when the runs could not write their folders (a read-only folder)."""
-    where = Path.cwd() if output_dir is None else output_dir
+    where = Path.cwd() if folder is None else folder
     try:
         where.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=where):
             pass
     except OSError as error:
-        flag = "the working directory" if output_dir is None else f"--output-dir={output_dir}"
-        fail(f"{flag}: the runs cannot write there ({error.strerror}); choose a folder you can write to")
+        name = "the working directory" if folder is None else f"{flag}={folder}"
+        fail(f"{name}: the runs cannot write there ({error.strerror}); choose a folder you can write to")
 
 
 def slurm_minutes(limit: str) -> int:
@@ -247,14 +321,21 @@ def slurm_minutes(limit: str) -> int:
 
 
 def experiment_name(command: list[str]) -> str:
-    """The command's --exp-name, else the script's name: the scripts' default exp_name."""
+    """The command's --exp-name (the last one given, which is the one the script's parser keeps), else the script's
+    name: the scripts' default exp_name."""
+    names = []
     for i, arg in enumerate(command):
         if arg in ("--exp-name", "--exp_name") and i + 1 < len(command):
-            return command[i + 1]
+            names.append(command[i + 1])
         if arg.startswith(("--exp-name=", "--exp_name=")):
-            return arg.split("=", 1)[1]
+            names.append(arg.split("=", 1)[1])
     scripts = [Path(arg).stem for arg in command if arg.endswith(".py")]
-    return scripts[0] if scripts else "run"
+    return names[-1] if names else scripts[0] if scripts else "run"
+
+
+def job_folder_name(env_id: str, seed: int) -> str:
+    """The name of a run's folder below <output-dir>/<exp>/ and of its log in --log-dir (without .log)."""
+    return f"{env_id.replace('/', '-')}__{seed}"
 
 
 def make_jobs(env_ids: list[str], seeds: list[int], command: list[str], args: argparse.Namespace | None = None) -> list[Job]:
@@ -272,12 +353,75 @@ def make_jobs(env_ids: list[str], seeds: list[int], command: list[str], args: ar
         for env_id in env_ids:
             job = Job(env_id, seed, [*command, "--env-id", env_id, "--seed", str(seed), *extra], env=dict(env))
             if output_dir is not None:
-                job.workdir = str(output_dir / f"{env_id.replace('/', '-')}__{seed}")
+                job.workdir = str(output_dir / job_folder_name(env_id, seed))
                 job.log_path = f"{job.workdir}/console.log"
             if args is not None and args.log_dir is not None:
-                job.log_path = str(args.log_dir.resolve() / f"{env_id.replace('/', '-')}__{seed}.log")
+                job.log_path = str(args.log_dir.resolve() / f"{job_folder_name(env_id, seed)}.log")
             jobs.append(job)
     return jobs
+
+
+def check_job_paths(jobs: list[Job], args: argparse.Namespace) -> None:
+    """Every path the launcher will create or write, resolved (symbolic links followed), must lie below --output-dir
+    (the run folders, their files, submitit's folder) or --log-dir (the logs): a link left in the output folder must not
+    lead the launcher's writes elsewhere. Checked before anything is created."""
+    for root, flag, paths in (
+        (args.output_dir, "--output-dir", [path for job in jobs if job.workdir for path in job_paths(job.workdir)]),
+        (args.log_dir, "--log-dir", [Path(job.log_path) for job in jobs if job.log_path and args.log_dir is not None]),
+        (args.output_dir, "--output-dir", [Path(args.output_dir, "submitit")] if args.backend == "slurm" else []),
+    ):
+        for path in paths:
+            if not path.resolve().is_relative_to(root.resolve()):
+                fail(f"{flag}={root}: {path} leads to {path.resolve()}, outside it; remove that link")
+    for job in jobs:
+        if job.workdir and Path(job.workdir).exists() and not Path(job.workdir).is_dir():
+            fail(f"--output-dir={args.output_dir}: {job.workdir} is a file, not a run folder; move it away")
+
+
+def job_paths(workdir: str) -> list[Path]:
+    """The paths in a run's folder that the launcher creates, writes or renames in."""
+    folder = Path(workdir)
+    return [folder.parent, folder, *(folder / name for name in ("runs", "console.log", ".lock", "finished", RECORD))]
+
+
+def read_record(workdir: str) -> dict | None:
+    """The run folder's record of its command (and result), None where there is none (a folder made before the
+    launcher kept one) or it cannot be read."""
+    try:
+        record = json.loads(Path(workdir, RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("command"), list) else None
+
+
+def write_record(workdir: str, record: dict) -> None:
+    """Writes the record beside a temporary copy and renames it over the old one: a kill meanwhile leaves one whole."""
+    path = Path(workdir, RECORD)
+    temporary = path.with_name(f".{RECORD}.{os.getpid()}.{threading.get_ident()}")
+    try:
+        temporary.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(temporary, path)
+    except OSError as error:  # a full disk: the run itself matters more than its record
+        temporary.unlink(missing_ok=True)
+        say(f"warning: could not write {path}: {error.strerror}", sys.stderr)
+
+
+def other_command(job: Job) -> list[str] | None:
+    """The command recorded in the job's folder where it is not the job's command (the folder holds another run)."""
+    record = read_record(job.workdir) if job.workdir else None
+    return record["command"] if record is not None and record["command"] != job.command else None
+
+
+def check_commands(jobs: list[Job], output_dir: Path) -> None:
+    """A run folder holds one run of one command: a folder whose run was started by another command is refused
+    before anything runs, so that neither its result is taken for the new command's nor its checkpoint resumed by it."""
+    for job in jobs:
+        recorded = other_command(job)
+        if recorded is not None:
+            fail(
+                f"--output-dir={output_dir}: {job.workdir} holds a run of another command ({shlex.join(recorded)}); "
+                "to run this command, use a new --output-dir or --exp-name, or delete that folder"
+            )
 
 
 # ----- one run, with retries: what every backend executes for a job ---------------------------------------------------
@@ -324,13 +468,18 @@ class Attempt:
     """One execution of a command: its output goes to the console (prefixed) and the log; `stop` signals it."""
 
     def __init__(self, command: list[str], job: Job, backend: str):
+        libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child, between fork and exec, only calls it
+
         def child_setup():
+            # A launcher killed outright (SIGKILL) still has its runs stop with a checkpoint. 1: PR_SET_PDEATHSIG, sent
+            # when the thread that started the run ends, and again as the run passes to other threads that end; a run
+            # takes a repeated SIGTERM for the stop under way (SIGINT would not do: a second one exits at once).
+            if backend == "local":
+                libc.prctl(1, signal.SIGTERM)
             if backend == "slurm":  # Slurm's warning signal (USR2) reaches every process of the job: the run must not
                 signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # die of it; SlurmRun.checkpoint stops it with SIGTERM
             if backend == "ray":  # the run dies with the task's process (kill -9, a lost node), so that a retried task
-                import ctypes  # never runs next to a left-over copy of the run
-
-                ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+                libc.prctl(1, signal.SIGKILL)  # never runs next to a left-over copy of the run
 
         # PYTHONUNBUFFERED: a Python child writing to a pipe would otherwise hold its progress lines back.
         self.process = subprocess.Popen(
@@ -342,7 +491,10 @@ class Attempt:
             bufsize=1,
             errors="replace",
             env={**os.environ, "PYTHONUNBUFFERED": "1", **job.env},
-            preexec_fn=None if backend == "local" else child_setup,
+            preexec_fn=child_setup,
+            # Locally the runs have a session of their own: a Ctrl-C in the terminal (or a signal to the launcher's
+            # process group) reaches the launcher alone, which passes it on once (see Stopper).
+            start_new_session=backend == "local",
         )
         self.pump = threading.Thread(target=self._pump, args=(job,), daemon=True)
         self.pump.start()
@@ -357,23 +509,93 @@ class Attempt:
     def wait(self) -> int:
         while self.pump.is_alive():  # in short joins, so that this thread stays free to answer signals
             self.pump.join(0.5)
-        return self.process.returncode
+        # The pump waited for the process, but a join cut by an exception (Ray's KeyboardInterrupt) can leave the
+        # thread reported as ended before it is: wait for the process itself.
+        return self.process.wait()
+
+    def signal(self, signum: int) -> None:
+        try:
+            self.process.send_signal(signum)  # nothing when the process has been waited for
+        except ProcessLookupError:
+            pass
 
     def stop(self) -> None:
         """SIGTERM, as a scheduler would: the run writes its checkpoint and exits."""
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            self.signal(signal.SIGTERM)
         self.wait()
+
+
+class Stopper:
+    """The local launcher's answer to SIGINT, SIGTERM and SIGHUP: every signal is passed on to every running run, once
+    (the runs have sessions of their own, so a terminal's Ctrl-C reaches only the launcher); no run starts after the
+    first. A run answers the first by finishing its step, writing its checkpoint and exiting with 128 + the signal's
+    number; a second Ctrl-C, passed on as well, makes it exit at once with its last checkpoint (a repeated SIGTERM or
+    SIGHUP changes nothing). The handler only records the signal: the main thread passes it on (`forward`), as does
+    the thread that starts a run, under a lock, so that a run started while a signal arrives gets it exactly once."""
+
+    def __init__(self):
+        self.signals: list[int] = []
+        self.lock = threading.Lock()
+        self.running: dict[Attempt, int] = {}  # attempt -> how many of `signals` it has been sent
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN:  # under nohup a hangup is ignored
+                signal.signal(sig, self.on_signal)
+
+    def on_signal(self, signum, frame) -> None:
+        self.signals.append(signum)
+
+    @property
+    def requested(self) -> bool:
+        return bool(self.signals)
+
+    def started(self, attempt: Attempt) -> None:
+        with self.lock:
+            self.running[attempt] = 0
+        self.forward()
+
+    def ended(self, attempt: Attempt) -> None:
+        with self.lock:
+            self.running.pop(attempt, None)
+
+    def forward(self) -> None:
+        with self.lock:
+            signals = list(self.signals)
+            for attempt, sent in self.running.items():
+                for signum in signals[sent:]:
+                    attempt.signal(signum)
+                self.running[attempt] = len(signals)
 
 
 def echo(job: Job, text: str) -> None:
     # One write call per line: lines of runs echoed at the same time do not mix (and no lock is needed, which a Ray
-    # task or a Slurm job could not be sent with).
-    sys.stdout.write(f"[{job.env_id} {job.seed}] {text}")
-    sys.stdout.flush()
+    # task or a Slurm job could not be sent with). A console that cannot be written stops nothing (see `say`).
+    if sys.stdout is not None:
+        try:
+            sys.stdout.write(f"[{job.env_id} {job.seed}] {text}")
+            sys.stdout.flush()
+        except OSError:
+            silence(sys.stdout)
     if job.log_path is not None:
-        with open(job.log_path, "a") as log:
-            log.write(text)
+        try:
+            with open(job.log_path, "a") as log:
+                log.write(text)
+        except OSError as error:  # a full disk, a folder removed: the run goes on, its output on the console only
+            say(f"warning: [{job.env_id} {job.seed}] could not write {job.log_path} ({error.strerror}); its output goes "
+                "to the console only", sys.stderr)  # fmt: skip
+            job.log_path = None
+
+
+def set_aside(run_dir: Path) -> None:
+    """Renames a run folder without checkpoint to *.failed, under a name not taken (two attempts that fail in the same
+    second make run folders of the same name)."""
+    target, number = run_dir.with_name(run_dir.name + ".failed"), 1
+    while target.exists() or target.is_symlink():
+        number += 1
+        target = run_dir.with_name(f"{run_dir.name}.{number}.failed")
+    run_dir.rename(target)
 
 
 def run_with_retries(
@@ -382,15 +604,24 @@ def run_with_retries(
     resume_args: tuple[str, ...] = (),
     backend: str = "local",
     started: Callable[[Attempt], None] = lambda attempt: None,
+    stopper: Stopper | None = None,
 ) -> Job:
     """Runs the job's command in its working directory until it succeeds, is stopped by a signal, or has failed
     1 + max_retries times. Every start after the first checkpoint resumes it (`--resume PATH`, then resume_args),
     also a start by a new process (a requeued Slurm job, a Ray task retried after its node died); a run directory
-    left without checkpoint is set aside (renamed *.failed) and the run starts over. Returns the job with its exit
+    left without checkpoint is set aside (renamed *.failed) and the run starts over. The folder's record (launch.json)
+    keeps the command and, once it ended, the result; a folder recorded for another command is left alone. With a
+    stopper (the local backend), nothing starts once the launcher was asked to stop. Returns the job with its exit
     code, attempts, seconds and final return."""
     start, lock = time.time(), None
+    if stopper is not None and stopper.requested:
+        job.note = STOPPED_BEFORE_START
+        return job
     if job.workdir is not None:
         Path(job.workdir).mkdir(parents=True, exist_ok=True)
+        if other_command(job) is not None:  # checked before the launch too; here for a launch begun meanwhile
+            job.note = f"refused: {job.workdir} holds a run of another command"
+            return job
         if Path(job.workdir, "finished").exists():
             job.returncode, job.note, job.final_return = 0, "finished before", final_return(job.workdir)
             job.run_dir = next((shown_path(path) for path in run_dirs(job.workdir)[-1:]), None)
@@ -404,18 +635,29 @@ def run_with_retries(
             return job
         except OSError:  # a file system without locks: go on unguarded
             pass
-    if job.log_path is not None:  # a new log for a new run; a resumed one (a retry, a requeued job) appends to it
-        Path(job.log_path).parent.mkdir(parents=True, exist_ok=True)
-        if job.workdir is None or find_checkpoint(job.workdir) is None:
-            open(job.log_path, "w").close()
+        if other_command(job) is not None:  # written by a launcher that held the lock between the checks
+            lock.close()
+            job.note = f"refused: {job.workdir} holds a run of another command"
+            return job
+        write_record(job.workdir, {"command": job.command})
     try:
+        if job.log_path is not None:  # a new log for a new run; a resumed one (a retry, a requeued job) appends to it
+            if job.workdir is None or find_checkpoint(job.workdir) is None:
+                try:
+                    open(job.log_path, "w").close()
+                except OSError as error:
+                    say(f"warning: [{job.env_id} {job.seed}] cannot write {job.log_path} ({error.strerror})", sys.stderr)
+                    job.log_path = None
         for attempt in range(1 + max_retries):
+            if stopper is not None and stopper.requested:
+                job.note = job.note if job.attempts else STOPPED_BEFORE_START
+                break
             command, checkpoint = job.command, find_checkpoint(job.workdir) if job.workdir else None
             if checkpoint is not None:
                 command = [*job.command, "--resume", str(checkpoint), *resume_args]
             elif job.workdir is not None:
                 for stale in run_dirs(job.workdir):
-                    stale.rename(stale.with_name(stale.name + ".failed"))
+                    set_aside(stale)
             if attempt > 0 or checkpoint is not None:
                 echo(job, f"== attempt {attempt + 1} of {1 + max_retries}: {shlex.join(command)}\n")
             job.attempts += 1
@@ -426,13 +668,24 @@ def run_with_retries(
                 job.returncode = 127
                 break
             started(running)
-            job.returncode = running.wait()
+            if stopper is not None:
+                stopper.started(running)
+            try:
+                job.returncode = running.wait()
+            except KeyboardInterrupt:  # Ray's cancel of the task (the launcher was stopped): the run stops likewise
+                running.stop()
+                job.returncode = running.wait()
+                break
+            if stopper is not None:
+                stopper.ended(running)
             if job.returncode == 0 or job.returncode in STOP_CODES:
                 break
         if job.workdir is not None:
             if job.ok:
                 Path(job.workdir, "finished").touch()
             job.final_return = final_return(job.workdir)
+            result = dict(status=job.status, returncode=job.returncode, attempts=job.attempts, final_return=job.final_return)
+            write_record(job.workdir, {"command": job.command, "result": result})
         elif job.run_dir is not None:  # the run wrote runs/ in the launcher's directory, beside the other runs
             job.final_return = run_final_return(job.run_dir)
     finally:
@@ -445,17 +698,49 @@ def run_with_retries(
 # ----- the three backends ------------------------------------------------------------------------------------------
 
 
-def run_local(jobs: list[Job], args: argparse.Namespace, options: dict) -> list[Job]:
-    print(f"Launching {len(jobs)} runs, {args.workers} at a time")
-    pool = ThreadPoolExecutor(max_workers=args.workers)
-    try:
-        list(pool.map(lambda job: run_with_retries(job, **options), jobs))
-    except KeyboardInterrupt:
-        # Ctrl-C already reached the running children (same process group); start no queued run.
-        print("\nInterrupted: waiting for the running runs to stop, starting no new ones")
-        pool.shutdown(wait=True, cancel_futures=True)
-    pool.shutdown()
+def run_local(jobs: list[Job], args: argparse.Namespace, options: dict, stopper: Stopper) -> list[Job]:
+    say(f"Launching {len(jobs)} runs, {args.workers} at a time")
+    with ThreadPoolExecutor(max_workers=args.workers) as pool:
+        futures = [pool.submit(run_with_retries, job, **options, stopper=stopper) for job in jobs]
+        told = 0
+        while True:
+            done, pending = wait(futures, timeout=0.1, return_when=FIRST_EXCEPTION)
+            stopper.forward()
+            for signum in stopper.signals[told:]:
+                told += 1
+                running = len(stopper.running)
+                if told == 1:
+                    say(f"\n{signal_name(signum)}: passed on to the {running} running runs, which stop with a checkpoint; "
+                        f"waiting for them, starting no new run (exit {128 + signum} then)")  # fmt: skip
+                elif signum == signal.SIGINT:
+                    say(f"\nSIGINT again: passed on, the {running} running runs exit at once with their last checkpoint")
+                else:
+                    say(f"\n{signal_name(signum)} again: the stop goes on, waiting for {running} runs")
+            if not pending or any(future.exception() for future in done):
+                break
+        for future in futures:
+            future.result()  # a fault of the launcher itself is raised here, after the other runs ended
     return jobs
+
+
+class ClusterInterrupt:
+    """SIGINT, SIGTERM and SIGHUP to the ray or slurm launcher: the first one interrupts the waiting as Ctrl-C always
+    did (KeyboardInterrupt); later ones are recorded and change nothing, so that no traceback cuts the clean-up,
+    except a second Ctrl-C while `again` is set (Ray's runs being stopped)."""
+
+    def __init__(self):
+        self.signals: list[int] = []
+        self.again = False
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN:
+                signal.signal(sig, self.on_signal)
+
+    def on_signal(self, signum, frame) -> None:
+        self.signals.append(signum)
+        if len(self.signals) == 1 or (self.again and signum == signal.SIGINT):
+            raise KeyboardInterrupt
 
 
 def import_extra(backend: str):
@@ -484,7 +769,7 @@ def ray_options(args: argparse.Namespace) -> dict:
     return options | ({"memory": int(args.mem_gb * 1e9)} if args.mem_gb else {})
 
 
-def run_ray(jobs: list[Job], args: argparse.Namespace, options: dict) -> list[Job]:
+def run_ray(jobs: list[Job], args: argparse.Namespace, options: dict, interrupt: ClusterInterrupt) -> list[Job]:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # echo every line of every run, as the local backend
     ray = import_extra("ray")
     check_ray_address(args.ray_address)
@@ -495,9 +780,10 @@ def run_ray(jobs: list[Job], args: argparse.Namespace, options: dict) -> list[Jo
             "" if os.environ.get("RAY_AUTH_MODE") else " (a cluster with token authentication also needs RAY_AUTH_MODE=token)"
         )
         fail(f"--ray-address={args.ray_address}: {str(error).splitlines()[0]}{hint}")
+    interrupt.install()  # ray.init puts a handler of its own on SIGTERM, which ends the process with a stack dump
     # Ray retries a task whose worker or node died (max_retries); the task itself retries a run that failed.
     remote = ray.remote(run_with_retries).options(**ray_options(args))
-    print(f"Launching {len(jobs)} runs on Ray ({ray.cluster_resources().get('CPU', 0):.0f} CPUs in the cluster)")
+    say(f"Launching {len(jobs)} runs on Ray ({ray.cluster_resources().get('CPU', 0):.0f} CPUs in the cluster)")
     refs, done = [remote.remote(job, **options) for job in jobs], list(jobs)
     pending = list(refs)
     try:
@@ -510,10 +796,34 @@ def run_ray(jobs: list[Job], args: argparse.Namespace, options: dict) -> list[Jo
                 done[index].note = f"lost: {type(error).__name__}"
                 echo(done[index], f"lost: {str(error).splitlines()[0]}\n")
     except KeyboardInterrupt:
-        print("\nInterrupted: the unfinished runs resume from their checkpoints when this command runs again")
+        interrupt.again = True
+        stop_ray_runs(ray, [refs.index(ref) for ref in pending], refs, done)
+        interrupt.again = False
     finally:
         ray.shutdown()
     return done
+
+
+def stop_ray_runs(ray, indices: list[int], refs: list, done: list[Job]) -> None:
+    """Cancels the unfinished tasks: a queued one never starts; in a running one Ray raises KeyboardInterrupt, and
+    run_with_retries stops its run with SIGTERM and waits for the checkpoint. A second Ctrl-C kills the tasks' workers,
+    and with them the runs (their last checkpoint stays)."""
+    say("\nInterrupted: the running runs stop with a checkpoint and no new one starts; waiting for them (a second "
+        "Ctrl-C kills them at once)")  # fmt: skip
+    for index in indices:
+        ray.cancel(refs[index])
+    for index in indices:
+        while True:
+            try:
+                done[index] = ray.get(refs[index])
+            except KeyboardInterrupt:  # a second Ctrl-C
+                say("\nSIGINT again: killing the runs; they resume from their last checkpoint when this command runs again")
+                for other in indices:
+                    ray.cancel(refs[other], force=True)
+                continue
+            except Exception as error:  # cancelled before it started, or killed
+                done[index].note = CANCELLED if "Cancel" in type(error).__name__ else f"lost: {type(error).__name__}"
+            break
 
 
 class SlurmRun:
@@ -580,8 +890,8 @@ def run_slurm(jobs: list[Job], args: argparse.Namespace, options: dict) -> list[
     executor.update_parameters(**slurm_parameters(args, jobs))
     with executor.batch():
         submitted = [executor.submit(SlurmRun(job, options)) for job in jobs]
-    print(f"Submitted {len(jobs)} runs as Slurm array {submitted[0].job_id.split('_')[0]}; waiting for them")
-    print("(Ctrl-C stops the waiting, not the jobs; logs in each run's console.log and in submitit/)")
+    say(f"Submitted {len(jobs)} runs as Slurm array {submitted[0].job_id.split('_')[0]}; waiting for them")
+    say("(Ctrl-C stops the waiting, not the jobs; logs in each run's console.log and in submitit/)")
     return wait_for_submitit(jobs, submitted)
 
 
@@ -592,7 +902,7 @@ def wait_for_submitit(jobs: list[Job], submitted: list) -> list[Job]:
         try:
             done[index] = handle.result()
         except KeyboardInterrupt:
-            print("\nStopped waiting; the jobs go on")
+            say("\nStopped waiting; the jobs go on")
             for job in done[index:]:
                 job.note = "left running on Slurm"
             break
@@ -607,51 +917,65 @@ def wait_for_submitit(jobs: list[Job], submitted: list) -> list[Job]:
 
 def print_dry_run(jobs: list[Job], args: argparse.Namespace) -> None:
     if args.backend == "ray":
-        print(f"ray: {len(jobs)} tasks on {args.ray_address or 'a new local cluster'}, each {ray_options(args)}")
+        say(f"ray: {len(jobs)} tasks on {args.ray_address or 'a new local cluster'}, each {ray_options(args)}")
     if args.backend == "slurm":
         import_extra("slurm")
-        print(f"slurm: one array of {len(jobs)} jobs, submitit parameters {slurm_parameters(args, jobs)}")
-        print(sbatch_script(args, jobs))
+        say(f"slurm: one array of {len(jobs)} jobs, submitit parameters {slurm_parameters(args, jobs)}")
+        say(sbatch_script(args, jobs))
     for job in jobs:
         where = f"(in {job.workdir}) " if job.workdir else ""
         env = "".join(f"{key}={shlex.quote(value)} " for key, value in job.env.items())
-        print(f"{where}{env}{shlex.join(job.command)}")
+        say(f"{where}{env}{shlex.join(job.command)}")
 
 
 def print_summary(jobs: list[Job]) -> None:
-    print("\nSummary")
-    print(f"  {'run':<36} {'status':<24} {'tries':>5} {'wall time':>12} {'final return':>13}  run folder")
+    say("\nSummary")
+    say(f"  {'run':<36} {'status':<24} {'tries':>5} {'wall time':>12} {'final return':>13}  run folder")
     for job in jobs:
         score = "-" if job.final_return is None else f"{job.final_return:.2f}"
         folder = job.run_dir or "-"
-        print(f"  {job.label:<36} {job.status:<24} {job.attempts:>5} {job.seconds / 60:8.2f} min {score:>13}  {folder}")
+        say(f"  {job.label:<36} {job.status:<24} {job.attempts:>5} {job.seconds / 60:8.2f} min {score:>13}  {folder}")
         if job.why:
-            print(f"      why: {job.why}")
-    failed = sum(not job.ok for job in jobs)
-    print(f"{len(jobs) - failed}/{len(jobs)} runs succeeded" + (f", {failed} failed" if failed else ""))
+            say(f"      why: {job.why}")
+    stopped = sum(job.returncode in STOP_CODES or job.note in (STOPPED_BEFORE_START, CANCELLED) for job in jobs)
+    failed = sum(not job.ok for job in jobs) - stopped
+    counts = [f"{stopped} stopped" if stopped else "", f"{failed} failed" if failed else ""]
+    say(", ".join([f"{len(jobs) - failed - stopped}/{len(jobs)} runs succeeded", *filter(None, counts)]))
     if any(job.final_return is not None for job in jobs):
-        print(f"final return: mean {RETURN_TAG} of the last {LAST_EPISODES} training episodes")
+        say(f"final return: mean {RETURN_TAG} of the last {LAST_EPISODES} training episodes")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """0 when every run succeeded, 1 when one did not, 2 when nothing could start, 128 + N when signal N stopped it."""
+    # Installed first: a signal during the checks below stops the launcher before any run starts, without a traceback.
+    stopper = Stopper()
+    stopper.install()
     args, command = parse_args(sys.argv[1:] if argv is None else argv)
     jobs = make_jobs(args.env_ids, args.seeds, command, args)
+    check_job_paths(jobs, args)
+    if args.output_dir is not None:
+        check_commands(jobs, args.output_dir)
     if args.dry_run:
-        try:
-            print_dry_run(jobs, args)
-            sys.stdout.flush()
-        except BrokenPipeError:  # the plan was piped into `head`, which has read all it wants
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        print_dry_run(jobs, args)  # piped into `head`, which has read all it wants: the rest goes to /dev/null
         return 0
+    if stopper.requested:
+        say(f"{signal_name(stopper.signals[0])}: stopped before any run started", sys.stderr)
+        return 128 + stopper.signals[0]
     resume_args = args.resume_args if args.resume_args is not None else "" if args.backend == "local" else FRESH_RESUME
     options = dict(max_retries=args.max_retries, resume_args=tuple(shlex.split(resume_args)), backend=args.backend)
-    if args.backend == "ray":
-        jobs = run_ray(jobs, args, options)
-    elif args.backend == "slurm":
-        jobs = run_slurm(jobs, args, options)
+    if args.backend == "local":
+        interrupt = stopper
+        jobs = run_local(jobs, args, options, stopper)
     else:
-        jobs = run_local(jobs, args, options)
+        interrupt = ClusterInterrupt()
+        interrupt.install()
+        try:
+            jobs = run_ray(jobs, args, options, interrupt) if args.backend == "ray" else run_slurm(jobs, args, options)
+        except KeyboardInterrupt:  # before the waiting began (connecting, submitting)
+            say("\nInterrupted before the runs were waited for")
     print_summary(jobs)
+    if interrupt.signals:
+        return 128 + interrupt.signals[0]
     return 0 if all(job.ok for job in jobs) else 1
 
 

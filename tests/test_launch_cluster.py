@@ -142,6 +142,27 @@ def test_ray_resumes_a_killed_run_from_its_checkpoint(killed, exact, ray_cluster
         assert "resume: fresh environments" in log and "resume: replaying" not in log
 
 
+@needs_ray
+def test_sigterm_to_the_ray_launcher_stops_its_runs_with_a_checkpoint(ray_cluster, tmp_path):
+    """The launcher cancels its tasks; Ray interrupts each running one, which stops its run with SIGTERM and waits for
+    its checkpoint; the launcher exits with 143 and no run is left."""
+    from test_launch_faults import RUN, alive, start_launcher, wait_for
+
+    (address, env) = ray_cluster
+    args = ["--backend", "ray", "--ray-address", address, "--output-dir", str(tmp_path), "--env-ids", "A", "B"]
+    launcher = start_launcher(*args, "--seeds", "1", "--", sys.executable, "-c", RUN, env=env)
+    running = [tmp_path / "run" / f"{env_id}__1" for env_id in ("A", "B")]
+    wait_for([workdir / "pid" for workdir in running], launcher, seconds=120)
+    pids = [int((workdir / "pid").read_text()) for workdir in running]
+    os.killpg(launcher.pid, signal.SIGTERM)
+    stdout, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 143 and "Traceback" not in stdout + stderr, stdout + stderr
+    for workdir, pid in zip(running, pids):
+        assert (workdir / "runs" / "r" / "checkpoint.pt").read_text() == str(int(signal.SIGTERM))
+        assert not alive(pid)
+    assert summary(stdout) == {("A", "1"): ("stopped (exit 143)", "-"), ("B", "1"): ("stopped (exit 143)", "-")}
+
+
 def load_launch():
     return import_file(LAUNCH, "launch")
 
