@@ -391,7 +391,8 @@ class FrameReplayBuffer(PrioritizedReplayBuffer):
     its priority in leaf env * ring + t % ring of the trees. envpool's reset steps start no transition, so their slots
     keep a zero priority; their observation (an episode's last) is stored for bootstrapping and for the stacks that
     run on. Writing step t frees the transitions whose frames it overwrites: the one of its slot and the next
-    `STACK_NUM - 1`, whose stacks reach into it."""
+    `STACK_NUM - 1`, whose stacks reach into it. The trees learn of it at the next `add`, in the same update as the
+    new transitions: an update costs a numpy call per tree level, whatever its size."""
 
     STACK_NUM = 4  # frames per observation
     ARRAYS = ("frames", "repeats_newest", "actions", "returns", "discounts", "horizons")  # the saved arrays
@@ -405,6 +406,7 @@ class FrameReplayBuffer(PrioritizedReplayBuffer):
         self.discounts = np.zeros((num_envs, self.ring), dtype=np.float32)
         self.horizons = np.zeros((num_envs, self.ring), dtype=np.min_scalar_type(n_step))
         self.num_added = 0  # steps written to every ring; step t is in slot t % ring
+        self.freed = np.zeros(0, dtype=np.int64)  # leaves of overwritten transitions, zeroed at the next `add`
         self.start_priorities(num_envs * self.ring, alpha, seed)
 
     def write(self, stacks: np.ndarray) -> None:
@@ -412,9 +414,7 @@ class FrameReplayBuffer(PrioritizedReplayBuffer):
         step = self.num_added
         if step >= self.ring:  # overwrites step - ring: free it and the transitions whose stacks reach into it
             slots = (step + np.arange(self.STACK_NUM)) % self.ring
-            leaves = (np.arange(self.num_envs)[:, None] * self.ring + slots).ravel()
-            self.sum_tree.update(leaves, 0.0)
-            self.min_tree.update(leaves, np.inf)
+            self.freed = np.concatenate([self.freed, (np.arange(self.num_envs)[:, None] * self.ring + slots).ravel()])
         self.frames[:, step % self.ring] = stacks[:, -1]
         self.repeats_newest[:, step % self.ring] = (stacks == stacks[:, -1:]).reshape(len(stacks), -1).all(axis=1)
         self.num_added += 1
@@ -437,7 +437,10 @@ class FrameReplayBuffer(PrioritizedReplayBuffer):
         slots = step % self.ring
         self.actions[env, slots], self.returns[env, slots], self.discounts[env, slots] = actions, returns, discounts
         self.horizons[env, slots] = next_keys // self.num_envs - step
-        self.give_max_priority(env * self.ring + slots)
+        leaves, new = np.concatenate([self.freed, env * self.ring + slots]), len(keys)
+        self.sum_tree.update(leaves, np.r_[np.zeros(len(self.freed)), np.full(new, self.max_priority**self.alpha)])
+        self.min_tree.update(leaves, np.r_[np.full(len(self.freed), np.inf), np.full(new, self.max_priority**self.alpha)])
+        self.freed = self.freed[:0]
 
     def stacks(self, env: np.ndarray, steps: np.ndarray) -> np.ndarray:
         """Observations o_t of envs `env` at steps `steps`, (B,) each -> (B, STACK_NUM, 84, 84): the slots t-3..t,
