@@ -1,10 +1,11 @@
-"""Double DQN with a dueling head, n-step returns and proportional prioritized experience replay.
+"""Double DQN with a dueling head, n-step returns and proportional prioritized experience replay. An Atari id
+(Breakout-v5) brings the papers' Atari configuration (ATARI_DEFAULTS), a MinAtar id Young & Tian's (MINATAR_DEFAULTS);
+flags given on the command line win.
 
 The online network picks the next action and the target network values it (Double DQN); the network splits into a
 state-value and an advantage stream recombined as Q = V + A - mean_a A (dueling); and transitions are replayed with
 probability proportional to |TD error|^alpha from a sum tree, with importance-sampling weights that correct the bias (PER).
-An Atari id brings the papers' configuration (ATARI_DEFAULTS), a MinAtar id Young & Tian's (MINATAR_DEFAULTS); flags
-given on the command line win. On Atari the replay stores each frame once and rebuilds the 4-frame stacks.
+On Atari the replay stores each frame once and rebuilds the 4-frame stacks.
 
 Papers: van Hasselt et al. 2016 (arXiv:1509.06461), Wang et al. 2016 (arXiv:1511.06581), Schaul et al. 2016 (arXiv:1511.05952).
 Docs: docs/rl-algorithms/dqn_dueling_per.md

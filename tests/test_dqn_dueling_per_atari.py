@@ -72,7 +72,7 @@ def test_the_docs_table_states_the_atari_configuration():
     """The docs page's table of the Atari configuration names every flag of ATARI_DEFAULTS with its value."""
     text = DOCS_PAGE.read_text()
     section = text[text.index("\n### The Atari configuration\n") :]
-    section = section[: section.index("\n## ", 1)]
+    section = section[: section.index("\n#", 1)]
     rows = re.findall(r"^\| `--([a-z-]+)` \| `([^`]+)` \|", section, re.MULTILINE)
     assert {flag.replace("-", "_"): eval(value, {"__builtins__": {}}) for flag, value in rows} == ATARI_DEFAULTS
     assert "configuration" in script.__doc__.split("\n\n")[0]  # --help prints the docstring's first paragraph
