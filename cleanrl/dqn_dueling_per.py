@@ -1,8 +1,11 @@
-"""Double DQN with a dueling head, n-step returns and proportional prioritized experience replay.
+"""Double DQN with a dueling head, n-step returns and proportional prioritized experience replay. An Atari id
+(Breakout-v5) brings the papers' Atari configuration (ATARI_DEFAULTS), a MinAtar id Young & Tian's (MINATAR_DEFAULTS);
+flags given on the command line win.
 
 The online network picks the next action and the target network values it (Double DQN); the network splits into a
 state-value and an advantage stream recombined as Q = V + A - mean_a A (dueling); and transitions are replayed with
 probability proportional to |TD error|^alpha from a sum tree, with importance-sampling weights that correct the bias (PER).
+On Atari the replay stores each frame once and rebuilds the 4-frame stacks.
 
 Papers: van Hasselt et al. 2016 (arXiv:1509.06461), Wang et al. 2016 (arXiv:1511.06581), Schaul et al. 2016 (arXiv:1511.05952).
 Docs: docs/rl-algorithms/dqn_dueling_per.md
@@ -10,6 +13,7 @@ Docs: docs/rl-algorithms/dqn_dueling_per.md
 
 import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -24,8 +28,9 @@ import torch.nn.functional as F
 from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
 from cleanrl_q_utils.segment_tree import SegmentTree
 
-# The layout of checkpoint.pt, which a resume checks; 2: the state under one "state" entry, the buffer under "rb"
-CHECKPOINT_FORMAT = 2
+# The layout of checkpoint.pt, which a resume checks; 2: the state under one "state" entry, the buffer under "rb";
+# 3: the --adam-eps flag, and on Atari a replay that stores each frame once (FrameReplayBuffer)
+CHECKPOINT_FORMAT = 3
 
 
 @dataclass
@@ -63,9 +68,11 @@ class Args:
     """the number of parallel environments"""
     learning_rate: float = 1e-3
     """the learning rate of the optimizer"""
+    adam_eps: float = 1e-8  # torch's default
+    """the epsilon of the Adam optimizer"""
     anneal_lr: bool = True  # keeps the final policy stable
     """if toggled, anneal the learning rate linearly to zero over training"""
-    buffer_size: int = 100_000  # n-step transitions; Atari stores obs and next obs: about 56 KB each
+    buffer_size: int = 100_000  # n-step transitions; Atari stores each 84x84 frame once: about 7.1 KB each
     """the replay capacity in transitions, summed over all environments"""
     gamma: float = 0.99
     """the discount factor gamma"""
@@ -122,6 +129,43 @@ MINATAR_DEFAULTS = dict(
     end_e=0.01,
 )
 
+# The configuration an Atari id (envpool's -v5) runs with (flags given on the command line win): the Atari settings of
+# the dueling (Wang et al. 2016) and prioritized replay (Schaul et al. 2016) papers, both on the tuned Double DQN
+# protocol (van Hasselt et al. 2016). Counts are agent steps of 4 frames, as DQN's code counts them; the docs page gives
+# the source of each value and the deviations (Adam, 4 environments, the schedules' start).
+ATARI_DEFAULTS = dict(
+    total_timesteps=50_000_000,  # 200M frames
+    num_envs=4,  # with a batch of 32 every 4 agent steps: the papers' replay ratio
+    learning_rate=6.25e-5,  # DQN's 2.5e-4 / 4 (Schaul et al.); the dueling paper's lower learning rate
+    adam_eps=1.5e-4,  # Rainbow's Adam at this learning rate (the papers use RMSProp)
+    anneal_lr=False,
+    buffer_size=1_000_000,
+    n_step=1,
+    target_network_frequency=30_000,  # the tuned Double DQN period (7,500 updates)
+    batch_size=32,
+    train_frequency=4,
+    learning_starts=50_000,
+    end_e=0.01,
+    exploration_fraction=0.02,  # epsilon 1 -> 0.01 over the first 1M agent steps
+)
+
+
+def with_atari_defaults(args: Args) -> Args:
+    """`args` with ATARI_DEFAULTS for an Atari id, except the flags given on the command line (they win); prints what
+    was used, as `minatar.with_defaults` does for MinAtar ids. A resumed run keeps its checkpoint's flags and an
+    evaluation its model file's."""
+    if not is_atari(args.env_id) or args.resume is not None or args.eval_only:
+        return args
+    given = command_line.flags_given(args)
+    used = {name: value for name, value in ATARI_DEFAULTS.items() if name not in given}
+    if used:
+        print(f"{args.env_id}: the Atari configuration: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in used.items()))
+    return dataclasses.replace(args, **used)
+
+
+def is_atari(env_id: str) -> bool:
+    return env_id.endswith("-v5")  # envpool's Atari ids
+
 
 def validate_args(args: Args) -> None:
     flag_checks.check_common_flags(args)
@@ -129,11 +173,20 @@ def validate_args(args: Args) -> None:
     minimum = max(args.batch_size, args.num_envs * args.n_step)
     at_least = f"must be >= max(--batch-size, --num-envs * --n-step) = {minimum}"
     multiple = f"must be a multiple of --num-envs={args.num_envs}"
+    ring_min = args.n_step + FrameReplayBuffer.STACK_NUM
+    in_ring = f"must hold --n-step + {FrameReplayBuffer.STACK_NUM} = {ring_min} steps of each of --num-envs={args.num_envs}"
     flag_checks.check_flags(
         [
             ("buffer_size", args.buffer_size, args.buffer_size >= minimum, at_least),
             ("learning_starts", args.learning_starts, args.learning_starts >= minimum, at_least),
             ("train_frequency", args.train_frequency, args.train_frequency % args.num_envs == 0, multiple),
+            # An Atari transition's frames must stay in its environment's ring until the n-step window completes it.
+            (
+                "buffer_size",
+                args.buffer_size,
+                not is_atari(args.env_id) or args.buffer_size // args.num_envs >= ring_min,
+                in_ring,
+            ),
             # `linear_schedule` divides by the decay's length.
             ("exploration_fraction", args.exploration_fraction, args.exploration_fraction > 0, "must be in (0, 1]"),
         ]
@@ -188,8 +241,9 @@ def make_env(env_id: str, num_envs: int, seed: int):
     if minatar.is_minatar(env_id):
         return minatar.make_envs(env_id, num_envs, seed)
     kwargs = dict(num_threads=1)  # cheaper than a thread pool for classic control's tiny steps
-    if env_id.endswith("-v5"):  # envpool's Atari ids
-        kwargs = dict(episodic_life=True, reward_clip=True, stack_num=4, noop_max=30, repeat_action_probability=0.0)
+    if is_atari(env_id):
+        stack = FrameReplayBuffer.STACK_NUM
+        kwargs = dict(episodic_life=True, reward_clip=True, stack_num=stack, noop_max=30, repeat_action_probability=0.0)
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **kwargs)
 
 
@@ -253,15 +307,18 @@ class PrioritizedReplayBuffer:
     ARRAYS = ("obs", "actions", "returns", "discounts", "next_obs")  # the order of a sampled batch
 
     def __init__(self, capacity: int, obs_shape: tuple, obs_dtype, alpha: float, seed: Optional[int] = None):
-        self.capacity, self.alpha = capacity, alpha
         self.obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
         self.next_obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
         self.actions = np.zeros(capacity, dtype=np.int64)
         self.returns, self.discounts = np.zeros(capacity, dtype=np.float32), np.zeros(capacity, dtype=np.float32)
+        self.pos, self.size = 0, 0
+        self.start_priorities(capacity, alpha, seed)
+
+    def start_priorities(self, capacity: int, alpha: float, seed: Optional[int]) -> None:
+        self.capacity, self.alpha = capacity, alpha
         self.sum_tree = SegmentTree(capacity, np.add, 0.0)
         self.min_tree = SegmentTree(capacity, np.minimum, np.inf)
         self.max_priority = 1.0  # largest priority seen so far; new transitions enter with it
-        self.pos, self.size = 0, 0
         self.rng = np.random.default_rng(seed)
 
     def add(self, obs, actions, returns, discounts, next_obs) -> None:
@@ -269,11 +326,14 @@ class PrioritizedReplayBuffer:
         idx = (self.pos + np.arange(len(actions))) % self.capacity
         self.obs[idx], self.next_obs[idx] = obs, next_obs
         self.actions[idx], self.returns[idx], self.discounts[idx] = actions, returns, discounts
-        priority = np.full(len(idx), self.max_priority**self.alpha)
-        self.sum_tree.update(idx, priority)
-        self.min_tree.update(idx, priority)
+        self.give_max_priority(idx)
         self.pos = (self.pos + len(idx)) % self.capacity
         self.size = min(self.size + len(idx), self.capacity)
+
+    def give_max_priority(self, indices: np.ndarray) -> None:
+        priority = np.full(len(indices), self.max_priority**self.alpha)
+        self.sum_tree.update(indices, priority)
+        self.min_tree.update(indices, priority)
 
     def sample(self, batch_size: int, beta: float):
         """Stratified sampling: one uniform draw in each of `batch_size` equal segments of the total mass. Weights are
@@ -282,7 +342,11 @@ class PrioritizedReplayBuffer:
         mass = (np.arange(batch_size) + self.rng.random(batch_size)) * (total / batch_size)
         indices = self.sum_tree.find_prefix_sum(np.minimum(mass, total))
         weights = importance_weights(self.sum_tree.leaves(indices), self.min_tree.root, beta)
-        return tuple(getattr(self, name)[indices] for name in self.ARRAYS), indices, weights
+        return self.rows(indices), indices, weights
+
+    def rows(self, indices: np.ndarray) -> tuple:
+        """The transitions at `indices`: (obs, actions, returns, discounts, next_obs)."""
+        return tuple(getattr(self, name)[indices] for name in self.ARRAYS)
 
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
         self.max_priority = max(self.max_priority, float(np.max(priorities)))
@@ -350,14 +414,114 @@ class NStepWindow:
             getattr(self, name)[...] = state[name]
 
 
+class FrameReplayBuffer(PrioritizedReplayBuffer):
+    """The prioritized replay of Atari, which stores each 84x84 frame once instead of two stacks of 4 per transition.
+
+    Each environment has a ring of `capacity // num_envs` slots; slot t holds the newest frame of observation o_t, and
+    whether o_t's stack is that frame repeated (envpool's first observation of a game), where the stack's older frames
+    are not in the slots before t. A stack is rebuilt from the `STACK_NUM` slots ending at t; after a lost life envpool
+    runs the stack on, and so do the slots. The transition that starts at o_t (as the n-step window completes it: its
+    action, return, discount and the number m of steps to its bootstrap observation o_{t+m}) is kept in slot t too, and
+    its priority in leaf env * ring + t % ring of the trees. envpool's reset steps start no transition, so their slots
+    keep a zero priority; their observation (an episode's last) is stored for bootstrapping and for the stacks that
+    run on. Writing step t frees the transitions whose frames it overwrites: the one of its slot and the next
+    `STACK_NUM - 1`, whose stacks reach into it. The trees learn of it at the next `add`, in the same update as the
+    new transitions: an update costs a numpy call per tree level, whatever its size."""
+
+    STACK_NUM = 4  # frames per observation
+    ARRAYS = ("frames", "repeats_newest", "actions", "returns", "discounts", "horizons")  # the saved arrays
+
+    def __init__(self, capacity: int, num_envs: int, obs_shape: tuple, alpha: float, n_step: int, seed=None):
+        self.num_envs, self.ring = num_envs, capacity // num_envs
+        self.frames = np.zeros((num_envs, self.ring, *obs_shape[1:]), dtype=np.uint8)
+        self.repeats_newest = np.zeros((num_envs, self.ring), dtype=bool)
+        self.actions = np.zeros((num_envs, self.ring), dtype=np.int64)
+        self.returns = np.zeros((num_envs, self.ring), dtype=np.float32)
+        self.discounts = np.zeros((num_envs, self.ring), dtype=np.float32)
+        self.horizons = np.zeros((num_envs, self.ring), dtype=np.min_scalar_type(n_step))
+        self.num_added = 0  # steps written to every ring; step t is in slot t % ring
+        self.freed = np.zeros(0, dtype=np.int64)  # leaves of overwritten transitions, zeroed at the next `add`
+        self.start_priorities(num_envs * self.ring, alpha, seed)
+
+    def write(self, stacks: np.ndarray) -> None:
+        """Stores the newest frame of every env's stack (num_envs, STACK_NUM, 84, 84) as the next step."""
+        step = self.num_added
+        if step >= self.ring:  # overwrites step - ring: free it and the transitions whose stacks reach into it
+            slots = (step + np.arange(self.STACK_NUM)) % self.ring
+            self.freed = np.concatenate([self.freed, (np.arange(self.num_envs)[:, None] * self.ring + slots).ravel()])
+        self.frames[:, step % self.ring] = stacks[:, -1]
+        self.repeats_newest[:, step % self.ring] = (stacks == stacks[:, -1:]).reshape(len(stacks), -1).all(axis=1)
+        self.num_added += 1
+
+    def begin(self, stacks: np.ndarray) -> None:
+        """Stores the whole stacks of the current observations (at the start, or a resume without stored replay)."""
+        for k in range(1, self.STACK_NUM + 1):
+            self.write(stacks[:, :k])  # the older frames first: each write stores the newest frame it is given
+
+    def append(self, next_stacks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Stores the observations an env step returned; returns the keys of the observations before and after the
+        step (num_envs,) each, which the n-step window carries instead of stacks: env + num_envs * step."""
+        self.write(next_stacks)
+        keys = np.arange(self.num_envs) + self.num_envs * (self.num_added - 1)
+        return keys - self.num_envs, keys
+
+    def add(self, keys, actions, returns, discounts, next_keys) -> None:
+        """Stores the transitions the n-step window completed, from o_t (`keys`) to o_{t+m} (`next_keys`)."""
+        env, step = keys % self.num_envs, keys // self.num_envs
+        slots = step % self.ring
+        self.actions[env, slots], self.returns[env, slots], self.discounts[env, slots] = actions, returns, discounts
+        self.horizons[env, slots] = next_keys // self.num_envs - step
+        leaves, new = np.concatenate([self.freed, env * self.ring + slots]), len(keys)
+        self.sum_tree.update(leaves, np.r_[np.zeros(len(self.freed)), np.full(new, self.max_priority**self.alpha)])
+        self.min_tree.update(leaves, np.r_[np.full(len(self.freed), np.inf), np.full(new, self.max_priority**self.alpha)])
+        self.freed = self.freed[:0]
+
+    def stacks(self, env: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Observations o_t of envs `env` at steps `steps`, (B,) each -> (B, STACK_NUM, 84, 84): the slots t-3..t,
+        where those before the latest repeated frame in the window are that frame."""
+        window = steps[:, None] - np.arange(self.STACK_NUM - 1, -1, -1)
+        repeated = self.repeats_newest[env[:, None], window % self.ring] & (window >= 0)
+        window = np.maximum(window, np.where(repeated, window, -1).max(axis=1, keepdims=True))
+        return self.frames[env[:, None], window % self.ring]
+
+    def rows(self, indices: np.ndarray) -> tuple:
+        env, slots = np.divmod(indices, self.ring)
+        newest = self.num_added - 1
+        steps = newest - (newest - slots) % self.ring  # the step a slot holds now
+        horizons = self.horizons[env, slots].astype(np.int64)
+        columns = (self.actions, self.returns, self.discounts)
+        return self.stacks(env, steps), *(array[env, slots] for array in columns), self.stacks(env, steps + horizons)
+
+    def state_dict(self) -> dict:
+        """The written slots of each ring, as tensors (a full ring without a copy), the trees and the counters."""
+        written = min(self.num_added, self.ring)
+        arrays = {name: torch.from_numpy(np.ascontiguousarray(getattr(self, name)[:, :written])) for name in self.ARRAYS}
+        trees = dict(sum_tree=self.sum_tree.nodes.copy(), min_tree=self.min_tree.nodes.copy())
+        return dict(arrays, **trees, max_priority=self.max_priority, num_added=self.num_added)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.num_added, self.max_priority = state["num_added"], state["max_priority"]
+        written = min(self.num_added, self.ring)
+        for name in self.ARRAYS:
+            getattr(self, name)[:, :written] = state[name].numpy()
+        self.sum_tree.nodes[:] = state["sum_tree"]
+        self.min_tree.nodes[:] = state["min_tree"]
+
+
 def replay_memory_bytes(args: Args, obs_shape: tuple, obs_dtype) -> int:
-    """Bytes that PrioritizedReplayBuffer(args.buffer_size, ...) and NStepWindow will allocate: obs and next
-    obs, action (int64), return and discount (float32) per slot, two float64 segment trees, and the window."""
-    obs_bytes = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
-    num_leaves = 1 << max(1, (args.buffer_size - 1).bit_length())
-    per_transition = 2 * obs_bytes + 8 + 4 + 4
+    """Bytes that the replay (PrioritizedReplayBuffer, or FrameReplayBuffer on Atari) and NStepWindow will allocate.
+    Per slot: obs and next obs, or on Atari one frame, a repeat flag and the horizon; an int64 action, a float32
+    return and discount. Two float64 segment trees; the window of n steps of every env (Atari: int64 keys)."""
+    if is_atari(args.env_id):
+        slots = args.buffer_size // args.num_envs * args.num_envs
+        per_slot = int(np.prod(obs_shape[1:])) + 1 + np.min_scalar_type(args.n_step).itemsize + 8 + 4 + 4
+        obs_bytes = 8
+    else:
+        obs_bytes = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
+        slots, per_slot = args.buffer_size, 2 * obs_bytes + 8 + 4 + 4
+    num_leaves = 1 << max(1, (slots - 1).bit_length())
     window = args.n_step * args.num_envs * (obs_bytes + 8 + 8) + args.num_envs * 8
-    return args.buffer_size * per_transition + 2 * (2 * num_leaves * 8) + window
+    return slots * per_slot + 2 * (2 * num_leaves * 8) + window
 
 
 def double_q_targets(returns, discounts, next_q_online, next_q_target) -> torch.Tensor:
@@ -413,14 +577,15 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
 
 
 def main(args: Args) -> list[float]:
-    args = minatar.with_defaults(args, MINATAR_DEFAULTS)
+    args = with_atari_defaults(minatar.with_defaults(args, MINATAR_DEFAULTS))
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     validate_args(args)
     args = flag_checks.whole_iterations(args)
     # A small MLP only pays synchronization for intra-op threads; one thread also frees results from the core count.
-    cpu_threads = None if args.env_id.endswith("-v5") else 1
+    atari = is_atari(args.env_id)
+    cpu_threads = None if atari else 1
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads) as run:
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
@@ -430,9 +595,14 @@ def main(args: Args) -> list[float]:
         target_network = DuelingQNetwork(obs_shape, num_actions, args.hidden_size).to(device)
         print(f"  torso: {q_network.torso_name}")
         target_network.load_state_dict(q_network.state_dict())
-        optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, fused=True)
-        rb = PrioritizedReplayBuffer(args.buffer_size, obs_shape, obs_dtype, args.prioritized_replay_alpha, seed=args.seed)
-        window = NStepWindow(args.n_step, args.num_envs, obs_shape, obs_dtype, args.gamma)
+        optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=True)
+        alpha = args.prioritized_replay_alpha
+        if atari:  # the window carries keys of the frames in the replay instead of stacks
+            rb = FrameReplayBuffer(args.buffer_size, args.num_envs, obs_shape, alpha, args.n_step, seed=args.seed)
+            window = NStepWindow(args.n_step, args.num_envs, (), np.int64, args.gamma)
+        else:
+            rb = PrioritizedReplayBuffer(args.buffer_size, obs_shape, obs_dtype, alpha, seed=args.seed)
+            window = NStepWindow(args.n_step, args.num_envs, obs_shape, obs_dtype, args.gamma)
         stats = episode_scores.EpisodeStats(args.num_envs)
 
         num_iterations = args.total_timesteps // args.num_envs
@@ -463,6 +633,10 @@ def main(args: Args) -> list[float]:
                 is_reset_step[:] = True
                 stats.drop_games_in_progress()
                 window.length[:] = 0  # the dropped games' pending n-step transitions would add the new games' rewards
+            if atari and saved["rb"] is None:
+                window.length[:] = 0  # the frames of the pending transitions were not saved
+        if atari and (not checkpoint or saved["rb"] is None):
+            rb.begin(obs)  # the frames of the current stacks, which the next ones run on from
         progress = run.progress(iteration * args.num_envs)
 
         for iteration in range(iteration + 1, num_iterations + 1):
@@ -474,7 +648,8 @@ def main(args: Args) -> list[float]:
             terminated = environments.terminated_at_step_cap(terminated, truncated, info)  # true score: all lives, unclipped
             raw_rewards, game_over = true_game_end(rewards, terminated, truncated, info)
             stats.update(raw_rewards, is_reset_step, game_over & ~is_reset_step, run.writer, global_step)
-            rb.add(*window.push(obs, actions, rewards, terminated, truncated, next_obs, is_reset_step))
+            held, next_held = rb.append(next_obs) if atari else (obs, next_obs)  # Atari: keys of the stored frames
+            rb.add(*window.push(held, actions, rewards, terminated, truncated, next_held, is_reset_step))
             obs, is_reset_step = next_obs, terminated | truncated
 
             if global_step > learning_starts and global_step % args.train_frequency == 0:

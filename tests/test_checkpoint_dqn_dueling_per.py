@@ -153,9 +153,7 @@ def test_replay_memory_bytes_matches_the_allocated_arrays():
         window.length,
     )
     estimate = replay_memory_bytes(Args(buffer_size=37, n_step=3, num_envs=2), (4,), np.float32)
-    assert estimate == sum(a.nbytes for a in arrays)
-    atari = replay_memory_bytes(Args(buffer_size=1_000_000), (4, 84, 84), np.uint8)
-    assert 56e9 < atari < 57e9  # the docs' "about 56 KB per transition"
+    assert estimate == sum(a.nbytes for a in arrays)  # Atari's replay: tests/test_dqn_dueling_per_atari.py
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Breakout-v5"])
@@ -176,22 +174,52 @@ def test_seeded_runs_are_reproducible(tmp_path, monkeypatch):
     assert main(Args(**tiny("dqn_dueling_per"))) == first and len(first) > 10
 
 
-def test_atari_sigint_checkpoint_and_resume_smoke(tmp_path, monkeypatch):
+# Breakout with rings of 32 frames for 2 envs, learning from step 16 (the CNN's sizes are fixed); the other flags
+# from the Atari configuration.
+ATARI_FLAGS = dict(env_id="Breakout-v5", total_timesteps=96, num_envs=2, buffer_size=64, batch_size=4, learning_starts=16,
+                   train_frequency=2, target_network_frequency=16, hidden_size=Args.hidden_size)  # fmt: skip
+
+
+@pytest.mark.parametrize("checkpoint_replay", [True, False])
+def test_atari_sigint_checkpoint_and_resume_smoke(tmp_path, monkeypatch, checkpoint_replay):
     monkeypatch.chdir(tmp_path)
-    # Breakout with a replay of 64 frames from 2 envs, learning from step 16 (the CNN's sizes are fixed).
-    flags = tiny("dqn_dueling_per", env_id="Breakout-v5", total_timesteps=96, num_envs=2, buffer_size=64, batch_size=4,
-                 learning_starts=16, train_frequency=2, target_network_frequency=16, hidden_size=Args.hidden_size)  # fmt: skip
     with monkeypatch.context() as patch:
         interrupt_at_step(patch, script, 20)
-        run_until_stopped(main, Args(**flags, checkpoint_replay=True))
+        run_until_stopped(main, Args(**tiny("dqn_dueling_per", **ATARI_FLAGS), checkpoint_replay=checkpoint_replay))
     path = str(checkpoint_of())
     checkpoint = read_checkpoint(path)
     assert checkpoint["global_step"] == 40
     state = checkpoint["state"]
     assert state["obs"].shape == (2, 4, 84, 84) and state["obs"].dtype == np.uint8
-    assert state["rb"]["obs"].dtype == torch.uint8 and state["rb"]["size"] > 0
+    if checkpoint_replay:  # the first stack's 4 frames, then one a step
+        assert state["rb"]["frames"].shape == (2, 24, 84, 84) and state["rb"]["frames"].dtype == torch.uint8
+        assert state["rb"]["num_added"] == 24 and "obs" not in state["rb"]
     main(Args(resume=path, checkpoint_every=48))
     assert read_checkpoint(path)["global_step"] == 96
+
+
+def test_atari_resume_with_replay_is_bitwise_exact(tmp_path, monkeypatch):
+    """The frame replay's saved state (frames, repeat flags, transitions, trees, counters) brings the run back exactly:
+    interrupted at step 40 (rings not yet full) and resumed, it ends with the uninterrupted run's networks and replay."""
+    args = tiny("dqn_dueling_per", **ATARI_FLAGS, checkpoint_replay=True, checkpoint_every=96)
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    scores_a = main(Args(**args))
+    final_a = read_checkpoint(checkpoint_of())["state"]
+    monkeypatch.chdir(tmp_path / "b")
+    with monkeypatch.context() as patch:
+        interrupt_at_step(patch, script, 20)
+        run_until_stopped(main, Args(**args))
+    path = str(checkpoint_of())
+    scores_b = main(Args(resume=path, checkpoint_every=96))
+    final_b = read_checkpoint(path)["state"]
+    assert scores_b == scores_a and final_a["updates"] == final_b["updates"] > 0
+    for net in ("q_network", "target_network"):
+        for name, weight in final_a[net].items():
+            assert torch.equal(weight, final_b[net][name]), (net, name)
+    for name in (*script.FrameReplayBuffer.ARRAYS, "sum_tree", "min_tree"):
+        assert np.array_equal(np.asarray(final_a["rb"][name]), np.asarray(final_b["rb"][name])), name
+    assert final_a["rb"]["num_added"] == final_b["rb"]["num_added"] == 4 + 96 // 2  # the rings of 32 wrapped
 
 
 def test_tracked_resume_continues_the_same_wandb_run(offline_wandb, monkeypatch):
