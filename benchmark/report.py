@@ -88,6 +88,9 @@ MOST_COUNT = 10**9
 """upper end of --last-episodes and --smoothing-window: beyond the episodes of any run, and within numpy's integers"""
 MOST_POINTS = 10_000
 """upper end of --num-points: far more points than a panel has pixels across"""
+MOST_PANELS = 150
+"""most env ids in one figure of curves (Atari's 57 games fit twice): more would be an image past what matplotlib
+draws (2**16 pixels a side), after minutes of laying it out"""
 MOST_BOOTSTRAP_REPS = 1_000_000
 """upper end of --bootstrap-reps: 20 times the default, about a minute per exp_name"""
 
@@ -236,35 +239,39 @@ def check_event_files(path: Path) -> None:
     to read than is available."""
     from cleanrl_q_utils.flag_checks import available_memory_bytes
 
-    total = 0
-    for event_file in sorted(path.glob("*tfevents*")):  # the files TensorBoard's reader takes
+    event_files = sorted(path.glob("*tfevents*"))  # the files TensorBoard's reader takes
+    for event_file in event_files:
         if not event_file.is_file():
             raise ValueError(f"{path}: {event_file.name} is not a regular file")
-        size = event_file.stat().st_size
-        total += size
-        try:
-            with open(event_file, "rb") as file:
-                offset = 0
-                while True:
-                    head = file.read(8)
-                    if len(head) < 8:
-                        break  # the end, or a last record cut short by a run killed while writing
-                    (length,) = struct.unpack("<Q", head)
-                    if offset + 16 + length > size and length > EVENT_RECORD_MAX_BYTES:
-                        raise ValueError(
-                            f"{path}: {event_file.name}: the record at byte {offset:,} declares {length:,} bytes, "
-                            f"more than the file's {size:,}"
-                        )
-                    offset += 16 + length
-                    file.seek(offset)
-        except OSError as error:
-            raise ValueError(f"{path}: cannot read {event_file.name} ({error.strerror or error})") from None
-    available = available_memory_bytes()
+    total, available = sum(event_file.stat().st_size for event_file in event_files), available_memory_bytes()
     if total * EVENT_MEMORY_FACTOR > available:
         raise ValueError(
             f"{path}: its event files hold {total / 1e9:,.1f} GB, which need about {total * EVENT_MEMORY_FACTOR / 1e9:,.1f}"
             f" GB to read, and {available / 1e9:,.1f} GB are available"
         )
+    for event_file in event_files:
+        check_event_records(event_file)
+
+
+def check_event_records(event_file: Path) -> None:
+    """ValueError for an event file with a record that declares more bytes than the file holds, unless it is a last
+    record of modest length cut short by a run killed while writing. The records' lengths are read and the rest is
+    skipped: a few percent of the time TensorBoard's reader then takes."""
+    size = event_file.stat().st_size
+    try:
+        with open(event_file, "rb") as file:
+            offset = 0
+            while len(head := file.read(8)) == 8:  # fewer: the end, or a last record cut short
+                (length,) = struct.unpack("<Q", head)
+                if offset + 16 + length > size and length > EVENT_RECORD_MAX_BYTES:
+                    raise ValueError(
+                        f"{event_file.parent}: {event_file.name}: the record at byte {offset:,} declares {length:,} "
+                        f"bytes, more than the file's {size:,}"
+                    )
+                offset += 16 + length  # length, its checksum, the record, its checksum
+                file.seek(offset)
+    except OSError as error:
+        raise ValueError(f"{event_file.parent}: cannot read {event_file.name} ({error.strerror or error})") from None
 
 
 def check_run(run: Run) -> None:
@@ -335,6 +342,8 @@ def read_episodes(path: Path) -> Run | None:
     try:
         if not path.is_file():
             raise ValueError("not a regular file")
+        if path.stat().st_size > EPISODE_RECORD_MAX_BYTES:  # a record's gzip is far smaller than its text
+            raise ValueError(f"it is larger than {EPISODE_RECORD_MAX_BYTES / 2**20:g} MiB, more than a run's episodes need")
         with gzip.open(path, "rb") as packed:
             lines = record_lines(packed)
             header, columns = next(lines, (1, ""))[1], next(lines, (2, ""))[1]
@@ -922,6 +931,8 @@ def main(argv: list[str] | None = None) -> int:
     exp_names = [exp_name for exp_name in exp_names if any(run.exp_name == exp_name for run in runs)]
     env_ids = args.env_ids or sorted({run.env_id for run in runs})
     env_ids = [env_id for env_id in env_ids if any(run.env_id == env_id for run in runs)]
+    if not args.no_plot and len(env_ids) > MOST_PANELS:
+        fail(f"--env-ids: {len(env_ids)} env ids to plot, more than the {MOST_PANELS} panels a figure holds; use --no-plot")
     if args.export_episodes is not None:
         for run in runs:
             if not fits_file_name(f"{run_name_of(run.path)}{EPISODES_SUFFIX}", args.export_episodes):
@@ -953,8 +964,6 @@ def main(argv: list[str] | None = None) -> int:
         write_text(args.output_dir / f"{args.name}.md", markdown)
     except OSError as error:
         fail(f"cannot write {error.filename or 'a file'}: {error.strerror or error}")
-    except ValueError as error:  # matplotlib: a figure of more panels than an image can hold
-        fail(f"cannot draw the curves of {count(len(env_ids), 'env id')} ({error}); use --no-plot or fewer --env-ids")
     print_output(markdown)
     return 0
 

@@ -79,6 +79,14 @@ def test_a_record_of_one_endless_line_is_refused_before_its_memory_is_spent(tmp_
     tracemalloc.stop()
 
 
+def test_a_record_file_larger_than_the_bound_is_refused_unread(tmp_path):
+    path = write_record(tmp_path, honest_rows())
+    with open(path, "r+b") as file:
+        file.truncate(report.EPISODE_RECORD_MAX_BYTES + 1)  # sparse: made at once, and never read
+    with pytest.raises(ValueError, match="it is larger than 64 MiB"):
+        report.read_run(path)
+
+
 def test_the_inflation_bound_counts_every_byte_of_the_record(tmp_path, monkeypatch):
     path = write_record(tmp_path, honest_rows(100))
     assert len(report.read_run(path).returns) == 100
@@ -296,6 +304,17 @@ def test_a_run_whose_record_name_would_be_too_long_stops_the_export_before_any_f
     assert status == 2
     assert_one_error_line(err, f"error: --export-episodes={tmp_path / 'rec'}: the record of {run_dir} would have too long")
     assert list((tmp_path / "out").iterdir()) == [] and list((tmp_path / "rec").iterdir()) == []
+
+
+def test_more_env_ids_than_a_figure_holds_stop_before_any_file_is_written(tmp_path, capsys):
+    for index in range(report.MOST_PANELS + 1):
+        write_record(tmp_path / "runs", honest_rows(2), name=f"Game{index}-v0__pqn__1__1700000001")
+    argv = ["--runs-dir", str(tmp_path / "runs"), "--output-dir", str(tmp_path / "out"), "--last-episodes", "2"]
+    status, out, err = run_report(argv, capsys)
+    assert status == 2 and out == ""
+    assert_one_error_line(err, f"error: --env-ids: {report.MOST_PANELS + 1} env ids to plot, more than the")
+    assert list((tmp_path / "out").iterdir()) == []
+    assert run_report([*argv, "--no-plot"], capsys)[0] == 0
 
 
 def test_a_plot_that_fails_while_written_leaves_no_file_behind(tmp_path, capsys, monkeypatch):
