@@ -346,7 +346,7 @@ def read_episodes(path: Path) -> Run | None:
             raise ValueError(f"it is larger than {EPISODE_RECORD_MAX_BYTES / 2**20:g} MiB, more than a run's episodes need")
         with gzip.open(path, "rb") as packed:
             lines = record_lines(packed)
-            header, columns = next(lines, (1, ""))[1], next(lines, (2, ""))[1]
+            (_, header), (_, columns) = next(lines, (1, "")), next(lines, (2, ""))
             fields = dict(item.partition("=")[::2] for item in header.removeprefix("#").split())
             if columns != "kind,step,return" or set(fields) != {"runtime_s", "total_timesteps"}:
                 raise ValueError("its header is not that of write_episodes")
