@@ -381,3 +381,9 @@ def test_threshold_table_leaves_out_damaged_runs_and_says_what_it_has_no_runs_of
     rows = [line for line in captured.out.splitlines() if line.startswith("| pqn |")]
     assert rows == ["| pqn | 2 | 10.0 | - | never | 1.0 |"]
     assert "Acrobot" not in captured.out and "nan" not in captured.out.split("Left out")[0]
+
+
+def test_the_launcher_gives_a_damaged_run_no_final_return(tmp_path):
+    launch = load_benchmark_module("launch")
+    assert launch.run_final_return(write_event_run(tmp_path / "a", [1.0, 3.0])) == 2.0
+    assert launch.run_final_return(write_event_run(tmp_path / "b", [1.0, float("nan")])) is None
