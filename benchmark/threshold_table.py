@@ -8,8 +8,8 @@ wall time = first to last event of the run) and adds, per run, the first agent s
 training episodes reached the env's threshold ("never" if it did not), and the mean of its `eval/episodic_return`
 episodes where it logged some. Prints markdown: one table per env, per seed and then mean ± std over seeds, and then
 the runs found under --runs-dir that are not of the sweep asked for (`--seeds`, `--total-timesteps` as in report.py).
-Damaged or hostile runs are left out as report.py leaves them out, each named in one `warning:` line; so are env ids
-and exp_names without runs, and seeds with fewer episodes than the window.
+Damaged or hostile runs are left out as report.py leaves them out, each named in one `warning:` line on stderr, as are
+env ids and exp_names without runs (no table, no row) and seeds with fewer episodes than the window.
 """
 
 from __future__ import annotations
