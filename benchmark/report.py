@@ -888,6 +888,8 @@ def fits_file_name(name: str, folder: Path) -> bool:
 
 def check_writable(output_dir: Path, flag: str = "--output-dir") -> None:
     """Stops before reading any run when the report could not be written (a read-only or unmakeable folder)."""
+    if output_dir.exists() and not output_dir.is_dir():
+        fail(f"{flag}={output_dir}: not a folder; choose a folder you can write to")
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=output_dir):

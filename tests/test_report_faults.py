@@ -272,6 +272,15 @@ def test_a_count_flag_out_of_range_is_refused_before_any_run_is_read(tmp_path, c
     assert err == f"error: {flag}={value}: {allowed}\n"
 
 
+@pytest.mark.parametrize("flag", ["--output-dir", "--export-episodes"])
+def test_an_output_folder_that_is_a_file_is_refused_in_one_line(tmp_path, capsys, flag):
+    (tmp_path / "a_file").write_text("kept")
+    status, out, err = run_report(["--output-dir", str(tmp_path / "out"), flag, str(tmp_path / "a_file")], capsys)
+    assert status == 2
+    assert err == f"error: {flag}={tmp_path / 'a_file'}: not a folder; choose a folder you can write to\n"
+    assert (tmp_path / "a_file").read_text() == "kept"
+
+
 def test_a_name_too_long_for_the_file_system_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(report, "select_runs", lambda *args: pytest.fail("runs read before --name was checked"))
     most = os.pathconf(tmp_path, "PC_NAME_MAX") - len("._curves.png.xxxxxxxx.tmp")
