@@ -29,20 +29,23 @@ curve, and curves it cannot draw.
 A damaged or hostile run is left out, named in one `warning:` line with what is wrong and listed with the runs left
 out, and never turned into a number of the tables: an episode record that is not what `write_episodes` writes, that
 inflates beyond `EPISODE_RECORD_MAX_BYTES` (64 MiB, some 30 times the largest record kept) or holds a line longer
-than any it writes; a run folder whose event files are not regular files, are damaged (a record longer than the
-file, past a truncated last one), or would need more memory to read than is available; and a run of either kind
-without training episodes, with NaN, infinite or implausibly large scores (beyond +-1e15) or run time, or with a
-negative step. The Atari score table (`--scores-csv`) is read only when an Atari id (`-v5`) is reported, and is
-refused in one line when it is not a `game,random,human` table of finite scores. Every file is written whole or not
-at all (a temporary file renamed over it).
+than any it writes; a run folder whose event files are not regular files, are damaged (a record that fails its
+checksum or is longer than the file: a last record cut short by a run killed while writing is no damage), or would
+need more memory to read than is available; and a run of either kind without training episodes, with NaN, infinite
+or implausibly large scores (beyond +-1e15) or run time, or with a negative step. The Atari score table
+(`--scores-csv`) is read only when an Atari id (`-v5`) is reported, and is refused in one line when it is not a
+`game,random,human` table of finite scores. Every file is written whole or not at all (a temporary file renamed over
+it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import gzip
 import io
+import logging
 import math
 import os
 import re
@@ -209,7 +212,13 @@ def read_event_files(path: Path) -> Run | None:
             size_guidance={ea.SCALARS: 0, ea.TENSORS: 1, ea.IMAGES: 1, ea.AUDIO: 1, ea.HISTOGRAMS: 1},
             purge_orphaned_data=True,
         )
-        accumulator.Reload()
+        with checksum_failures() as failures:
+            accumulator.Reload()
+        if failures:
+            raise ValueError(
+                f"{path}: TensorBoard stops reading a file at a damaged record ({failures[0]}), so the episodes after it "
+                "would be missing"
+            )
         tags = accumulator.Tags()["scalars"]
         if RETURN_TAG not in tags or not accumulator.Scalars(RETURN_TAG):
             return None
@@ -228,8 +237,36 @@ def read_event_files(path: Path) -> Run | None:
             ),
             total_timesteps=logged_total_timesteps(accumulator),
         )
+    except ValueError as error:
+        if str(error).startswith(f"{path}: "):  # said above
+            raise
+        raise ValueError(f"{path}: cannot read its event files (ValueError: {error})") from None
     except Exception as error:  # TensorBoard's parser on a damaged or hostile file: said in one line, not a traceback
         raise ValueError(f"{path}: cannot read its event files ({type(error).__name__}: {error})") from None
+
+
+@contextlib.contextmanager
+def checksum_failures():
+    """Collects, as a list, the checksum failures that TensorBoard's reader meets: it stops reading a file at the first
+    and only says so in a debug message (a record cut short at the end, by a run killed while writing, is not one)."""
+    failures = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if record.args and "crc32 check" in str(record.args[-1]):
+                failures.append(str(record.args[-1]).split("' ")[-1])
+
+    logger, handler = logging.getLogger("tensorboard"), Collect(logging.DEBUG)
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False  # its other debug messages go nowhere
+    try:
+        yield failures
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def check_event_files(path: Path) -> None:

@@ -187,6 +187,17 @@ def test_an_event_file_cut_short_while_writing_is_read_up_to_its_last_whole_reco
     np.testing.assert_array_equal(report.read_run(run_dir).returns, [1.0, 2.0])
 
 
+def test_an_event_file_damaged_in_its_middle_is_left_out_not_read_in_part(tmp_path):
+    """TensorBoard's reader stops at the first record that fails its checksum: the run would lose its later episodes."""
+    run_dir = write_event_run(tmp_path / "runs", [float(i) for i in range(50)])
+    (event_file,) = run_dir.glob("events.out.tfevents.*")
+    data = bytearray(event_file.read_bytes())
+    data[data.index(b"episodic_return", len(data) // 2)] ^= 1  # a letter of a tag in the middle of the file
+    event_file.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="TensorBoard stops reading a file at a damaged record \\(failed event crc32 check"):
+        report.read_run(run_dir)
+
+
 def test_a_run_whose_event_files_would_not_fit_in_memory_is_left_out(tmp_path, monkeypatch):
     from cleanrl_q_utils import flag_checks
 
