@@ -460,7 +460,10 @@ def run_final_return(run_dir: Path | str) -> float | None:
     if not Path(run_dir).is_dir():
         return None
     report = load_report()
-    run = report.read_run(Path(run_dir), quiet=True)
+    try:
+        run = report.read_run(Path(run_dir), quiet=True)
+    except ValueError:  # a run the report leaves out as damaged has no final return either
+        return None
     return None if run is None else report.final_score(run.returns, LAST_EPISODES)
 
 

@@ -25,21 +25,42 @@ seeds. Writes to `--output-dir`:
 What the report leaves out or mixes is also said in one `warning:` line each on stderr: requested env ids or
 exp_names without runs, the number of runs left out, seeds with few episodes, runs of different lengths in one
 curve, and curves it cannot draw.
+
+A damaged or hostile run is left out, named in one `warning:` line with what is wrong and listed with the runs left
+out, and never turned into a number of the tables: an episode record that is not what `write_episodes` writes, that
+inflates beyond `EPISODE_RECORD_MAX_BYTES` (64 MiB, some 30 times the largest record kept) or holds a line longer
+than any it writes; a run folder whose event files are not regular files, are damaged (a record that fails its
+checksum or is longer than the file: a last record cut short by a run killed while writing is no damage), or would
+need more memory to read than is available; and a run of either kind without training episodes, with NaN, infinite
+or implausibly large scores (beyond +-1e15) or run time, or with a negative step. The Atari score table
+(`--scores-csv`) is read only when an Atari id (`-v5`) is reported, and is refused in one line when it is not a
+`game,random,human` table of finite scores. Every file is written whole or not at all (a temporary file renamed over
+it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import gzip
+import io
+import logging
+import math
+import os
 import re
+import struct
 import sys
 import tempfile
 import warnings
+import zlib
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the run plumbing, when run as a script from a checkout
 
 RETURN_TAG = "charts/episodic_return"
 EVAL_TAG = "eval/episodic_return"
@@ -51,6 +72,30 @@ EPISODES_SUFFIX = ".episodes.csv.gz"
 MIXED_LENGTHS = 0.9
 """runs of one group are of mixed lengths when the shortest ends before this fraction of the longest (the last
 episodes of runs of equal length end a little apart anyway)"""
+EPISODE_RECORD_MAX_BYTES = 64 * 2**20
+"""most bytes an episode record may inflate to: at the 17 bytes of a typical row, about 4 million episodes (the
+largest record kept holds 125,000 in 2 MB); a record beyond it is refused before its memory is spent"""
+EPISODE_RECORD_MAX_LINE = 256
+"""most bytes of a line of an episode record (`write_episodes` writes at most about 60)"""
+EVENT_MEMORY_FACTOR = 6
+"""memory the TensorBoard reader needs per byte of event file (about 4 measured, for scalars), with a margin"""
+EVENT_RECORD_MAX_BYTES = 64 * 2**20
+"""most bytes a truncated last record of an event file may declare: the reader asks for the whole record at once"""
+MOST_MAGNITUDE = 1e15
+"""no game scores that much, and means and deviations of larger numbers can overflow to inf"""
+MOST_RUNTIME_S = 1e9
+"""about 30 years: a run time beyond it is a damaged record"""
+SCORES_CSV_MAX_BYTES = 2**20
+"""most bytes of the Atari score table (the one kept has 57 rows in 2 kB)"""
+MOST_COUNT = 10**9
+"""upper end of --last-episodes and --smoothing-window: beyond the episodes of any run, and within numpy's integers"""
+MOST_POINTS = 10_000
+"""upper end of --num-points: far more points than a panel has pixels across"""
+MOST_PANELS = 150
+"""most env ids in one figure of curves (Atari's 57 games fit twice): more would be an image past what matplotlib
+draws (2**16 pixels a side), after minutes of laying it out"""
+MOST_BOOTSTRAP_REPS = 1_000_000
+"""upper end of --bootstrap-reps: 20 times the default, about a minute per exp_name"""
 
 
 def warn(message: str) -> None:
@@ -131,46 +176,157 @@ def logged_total_timesteps(accumulator) -> int | None:
     from tensorboard.util import tensor_util
 
     text = tensor_util.make_ndarray(accumulator.Tensors(HYPERPARAMETERS_TAG)[-1].tensor_proto).ravel()[0]
-    match = re.search(r"^\|total_timesteps\|(\d+)\|$", text.decode() if isinstance(text, bytes) else str(text), re.M)
+    text = text.decode(errors="replace") if isinstance(text, bytes) else str(text)
+    match = re.search(r"^\|total_timesteps\|(\d{1,20})\|$", text, re.M)
     return None if match is None else int(match[1])
 
 
 def read_run(path: Path, quiet: bool = False) -> Run | None:
     """Reads one run directory's event files, or an episode record; None (with a warning unless quiet) when it
-    logged no episode."""
+    logged no training episode; ValueError, saying why, when it is damaged (see `check_run`)."""
     if path.name.endswith(EPISODES_SUFFIX):
-        return read_episodes(path)
-    from tensorboard.backend.event_processing import event_accumulator as ea
-
-    identity = parse_run_name(path.name)
-    # size 0 keeps every scalar (the default keeps a random sample of 10k, which would bias the last-100 mean).
-    # Purging drops what a run killed after its last checkpoint had logged past it, which the resumed run logged again
-    # (counted twice otherwise, with steps going back); it purges by tag, so the eval scores logged after training with
-    # their own small step numbers leave the training data alone.
-    accumulator = ea.EventAccumulator(
-        str(path),
-        size_guidance={ea.SCALARS: 0, ea.TENSORS: 1, ea.IMAGES: 1, ea.AUDIO: 1, ea.HISTOGRAMS: 1},
-        purge_orphaned_data=True,
-    )
-    accumulator.Reload()
-    tags = accumulator.Tags()["scalars"]
-    if RETURN_TAG not in tags:
+        run = read_episodes(path)
+    else:
+        run = read_event_files(path)
+    if run is None:
         if not quiet:
             warn(f"{path}: no {RETURN_TAG} logged; skipped")
         return None
-    episodes = accumulator.Scalars(RETURN_TAG)
-    last_wall_time = max(event.wall_time for tag in tags for event in accumulator.Scalars(tag))
-    return Run(
-        env_id=identity["env_id"],
-        exp_name=identity["exp_name"],
-        seed=identity["seed"],
-        path=path,
-        steps=np.array([event.step for event in episodes], dtype=np.int64),
-        returns=np.array([event.value for event in episodes], dtype=np.float64),
-        runtime_s=last_wall_time - accumulator.FirstEventTimestamp(),
-        eval_returns=np.array([event.value for event in accumulator.Scalars(EVAL_TAG)] if EVAL_TAG in tags else []),
-        total_timesteps=logged_total_timesteps(accumulator),
-    )
+    check_run(run)
+    return run
+
+
+def read_event_files(path: Path) -> Run | None:
+    """The `Run` of a run directory, read offline from its event files; None when it logged no training episode."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    check_event_files(path)
+    identity = parse_run_name(path.name)
+    try:
+        # size 0 keeps every scalar (the default keeps a random sample of 10k, which would bias the last-100 mean).
+        # Purging drops what a run killed after its last checkpoint had logged past it, which the resumed run logged
+        # again (counted twice otherwise, with steps going back); it purges by tag, so the eval scores logged after
+        # training with their own small step numbers leave the training data alone.
+        accumulator = ea.EventAccumulator(
+            str(path),
+            size_guidance={ea.SCALARS: 0, ea.TENSORS: 1, ea.IMAGES: 1, ea.AUDIO: 1, ea.HISTOGRAMS: 1},
+            purge_orphaned_data=True,
+        )
+        with checksum_failures() as failures:
+            accumulator.Reload()
+        if failures:
+            raise ValueError(
+                f"{path}: TensorBoard stops reading a file at a damaged record ({failures[0]}), so the episodes after it "
+                "would be missing"
+            )
+        tags = accumulator.Tags()["scalars"]
+        if RETURN_TAG not in tags or not accumulator.Scalars(RETURN_TAG):
+            return None
+        episodes = accumulator.Scalars(RETURN_TAG)
+        last_wall_time = max(event.wall_time for tag in tags for event in accumulator.Scalars(tag))
+        return Run(
+            env_id=identity["env_id"],
+            exp_name=identity["exp_name"],
+            seed=identity["seed"],
+            path=path,
+            steps=np.array([event.step for event in episodes], dtype=np.int64),
+            returns=np.array([event.value for event in episodes], dtype=np.float64),
+            runtime_s=float(last_wall_time - accumulator.FirstEventTimestamp()),
+            eval_returns=np.array(
+                [event.value for event in accumulator.Scalars(EVAL_TAG)] if EVAL_TAG in tags else [], dtype=np.float64
+            ),
+            total_timesteps=logged_total_timesteps(accumulator),
+        )
+    except ValueError as error:
+        if str(error).startswith(f"{path}: "):  # said above
+            raise
+        raise ValueError(f"{path}: cannot read its event files (ValueError: {error})") from None
+    except Exception as error:  # TensorBoard's parser on a damaged or hostile file: said in one line, not a traceback
+        raise ValueError(f"{path}: cannot read its event files ({type(error).__name__}: {error})") from None
+
+
+@contextlib.contextmanager
+def checksum_failures():
+    """Collects, as a list, the checksum failures that TensorBoard's reader meets: it stops reading a file at the first
+    and only says so in a debug message (a record cut short at the end, by a run killed while writing, is not one)."""
+    failures = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if record.args and "crc32 check" in str(record.args[-1]):
+                failures.append(str(record.args[-1]).split("' ")[-1])
+
+    logger, handler = logging.getLogger("tensorboard"), Collect(logging.DEBUG)
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False  # its other debug messages go nowhere
+    try:
+        yield failures
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+def check_event_files(path: Path) -> None:
+    """ValueError, saying why, for a run directory whose event files TensorBoard's reader cannot read within bounds:
+    one that is not a regular file (a fifo would block the reader), a record that declares more bytes than the file
+    holds (the reader asks for them all at once: a hostile length is terabytes), or files that would need more memory
+    to read than is available."""
+    from cleanrl_q_utils.flag_checks import available_memory_bytes
+
+    event_files = sorted(path.glob("*tfevents*"))  # the files TensorBoard's reader takes
+    for event_file in event_files:
+        if not event_file.is_file():
+            raise ValueError(f"{path}: {event_file.name} is not a regular file")
+    total, available = sum(event_file.stat().st_size for event_file in event_files), available_memory_bytes()
+    if total * EVENT_MEMORY_FACTOR > available:
+        raise ValueError(
+            f"{path}: its event files hold {total / 1e9:,.1f} GB, which need about {total * EVENT_MEMORY_FACTOR / 1e9:,.1f}"
+            f" GB to read, and {available / 1e9:,.1f} GB are available"
+        )
+    for event_file in event_files:
+        check_event_records(event_file)
+
+
+def check_event_records(event_file: Path) -> None:
+    """ValueError for an event file with a record that declares more bytes than the file holds, unless it is a last
+    record of modest length cut short by a run killed while writing. The records' lengths are read and the rest is
+    skipped: a few percent of the time TensorBoard's reader then takes."""
+    size = event_file.stat().st_size
+    try:
+        with open(event_file, "rb") as file:
+            offset = 0
+            while len(head := file.read(8)) == 8:  # fewer: the end, or a last record cut short
+                (length,) = struct.unpack("<Q", head)
+                if offset + 16 + length > size and length > EVENT_RECORD_MAX_BYTES:
+                    raise ValueError(
+                        f"{event_file.parent}: {event_file.name}: the record at byte {offset:,} declares {length:,} "
+                        f"bytes, more than the file's {size:,}"
+                    )
+                offset += 16 + length  # length, its checksum, the record, its checksum
+                file.seek(offset)
+    except OSError as error:
+        raise ValueError(f"{event_file.parent}: cannot read {event_file.name} ({error.strerror or error})") from None
+
+
+def check_run(run: Run) -> None:
+    """ValueError, saying why, for a run whose numbers no honest run logs: a table would print them as nan or inf, or
+    as a result they do not mean."""
+    for what, values in (("training episode returns", run.returns), ("evaluation returns", run.eval_returns)):
+        bad = ~np.isfinite(values) | (np.abs(values) > MOST_MAGNITUDE)
+        if bad.any():
+            raise ValueError(
+                f"{run.path}: {what} hold {count(int(bad.sum()), 'value')} that no game scores "
+                f"(NaN, infinite or beyond ±{MOST_MAGNITUDE:g}), the first {float(values[bad][0])!r}"
+            )
+    if len(run.steps) and run.steps.min() < 0:
+        raise ValueError(f"{run.path}: a training episode ends at a negative step ({int(run.steps.min())})")
+    if not 0 <= run.runtime_s <= MOST_RUNTIME_S:  # NaN fails too
+        raise ValueError(f"{run.path}: its run time {run.runtime_s!r} s is not in [0, {MOST_RUNTIME_S:g}]")
+    if run.total_timesteps is not None and run.total_timesteps < 1:
+        raise ValueError(f"{run.path}: its --total-timesteps {run.total_timesteps} is not at least 1")
 
 
 def run_name_of(path: Path) -> str:
@@ -182,43 +338,80 @@ def write_episodes(run: Run, folder: Path) -> Path:
     """Writes `run` as `<folder>/<run name>.episodes.csv.gz`, which `read_run` reads back as the same `Run`: a comment
     line with the wall-clock runtime and --total-timesteps, then `kind,step,return` rows, `train` for each training
     episode (the step it ended at) and `eval` for each evaluation episode (its index). Values are written with
-    `repr`, so they read back bitwise; the gzip header holds no time, so the same run gives the same bytes."""
+    `repr`, so they read back bitwise; the gzip header holds no time, so the same run gives the same bytes. The file
+    is written whole or not at all."""
+    from cleanrl_q_utils.checkpoint_files import write_atomically
+
     rows = [f"train,{step},{value!r}" for step, value in zip(run.steps.tolist(), run.returns.tolist())]
     rows += [f"eval,{index},{value!r}" for index, value in enumerate(run.eval_returns.tolist())]
     header = f"# runtime_s={run.runtime_s!r} total_timesteps={run.total_timesteps}"
     path = folder / f"{run_name_of(run.path)}{EPISODES_SUFFIX}"
     folder.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as file, gzip.GzipFile(fileobj=file, mode="wb", mtime=0, filename="") as packed:
-        packed.write("\n".join([header, "kind,step,return", *rows, ""]).encode())
+
+    def write(file):
+        with gzip.GzipFile(fileobj=file, mode="wb", mtime=0, filename="") as packed:
+            packed.write("\n".join([header, "kind,step,return", *rows, ""]).encode())
+
+    write_atomically(str(path), write)
     return path
 
 
-def read_episodes(path: Path) -> Run:
-    """The `Run` of an episode record written by `write_episodes`; ValueError, saying why, for any other file."""
+def record_lines(packed, most_bytes: int | None = None):
+    """The lines of a decompressing file, read a bounded line at a time: ValueError once they pass `most_bytes`
+    (EPISODE_RECORD_MAX_BYTES if None) or a line passes EPISODE_RECORD_MAX_LINE, before more is inflated (a few kB of
+    gzip can inflate to gigabytes)."""
+    most_bytes = EPISODE_RECORD_MAX_BYTES if most_bytes is None else most_bytes
+    total, number = 0, 0
+    while line := packed.readline(EPISODE_RECORD_MAX_LINE + 1):
+        number += 1
+        total += len(line)
+        if total > most_bytes:
+            raise ValueError(f"it inflates beyond {most_bytes / 2**20:g} MiB, more than a run's episodes need")
+        if len(line) > EPISODE_RECORD_MAX_LINE:
+            raise ValueError(f"line {number} is longer than {EPISODE_RECORD_MAX_LINE} bytes")
+        yield number, line.decode("ascii").rstrip("\r\n")
+
+
+def read_episodes(path: Path) -> Run | None:
+    """The `Run` of an episode record written by `write_episodes`, None when it holds no training episode; ValueError,
+    saying why, for any other file."""
+    train_steps, train_returns, eval_returns = array("q"), array("d"), array("d")
     try:
-        header, columns, *rows = gzip.decompress(path.read_bytes()).decode().splitlines()
-        fields = dict(item.partition("=")[::2] for item in header.removeprefix("#").split())
-        if columns != "kind,step,return" or set(fields) != {"runtime_s", "total_timesteps"}:
-            raise ValueError("its header is not that of write_episodes")
-        episodes = {"train": ([], []), "eval": ([], [])}
-        for row in rows:
-            kind, step, value = row.split(",")
-            episodes[kind][0].append(int(step))
-            episodes[kind][1].append(float(value))
-        runtime_s = float(fields["runtime_s"])
-        total_timesteps = None if fields["total_timesteps"] == "None" else int(fields["total_timesteps"])
-    except (OSError, EOFError, UnicodeDecodeError, ValueError, KeyError) as error:
+        if not path.is_file():
+            raise ValueError("not a regular file")
+        if path.stat().st_size > EPISODE_RECORD_MAX_BYTES:  # a record's gzip is far smaller than its text
+            raise ValueError(f"it is larger than {EPISODE_RECORD_MAX_BYTES / 2**20:g} MiB, more than a run's episodes need")
+        with gzip.open(path, "rb") as packed:
+            lines = record_lines(packed)
+            (_, header), (_, columns) = next(lines, (1, "")), next(lines, (2, ""))
+            fields = dict(item.partition("=")[::2] for item in header.removeprefix("#").split())
+            if columns != "kind,step,return" or set(fields) != {"runtime_s", "total_timesteps"}:
+                raise ValueError("its header is not that of write_episodes")
+            runtime_s = float(fields["runtime_s"])
+            total_timesteps = None if fields["total_timesteps"] == "None" else int(fields["total_timesteps"])
+            for number, row in lines:
+                kind, step, value = row.split(",")
+                if kind == "train":
+                    train_steps.append(int(step))
+                    train_returns.append(float(value))
+                elif kind == "eval":
+                    eval_returns.append(float(value))
+                else:
+                    raise ValueError(f"line {number}: {kind!r} is neither train nor eval")
+    except (OSError, EOFError, UnicodeDecodeError, ValueError, OverflowError, zlib.error) as error:
         raise ValueError(f"{path}: not an episode record ({error})") from None
+    if not train_returns:
+        return None
     identity = parse_run_name(run_name_of(path))
     return Run(
         env_id=identity["env_id"],
         exp_name=identity["exp_name"],
         seed=identity["seed"],
         path=path,
-        steps=np.array(episodes["train"][0], dtype=np.int64),
-        returns=np.array(episodes["train"][1], dtype=np.float64),
+        steps=np.frombuffer(train_steps, dtype=np.int64).copy(),
+        returns=np.frombuffer(train_returns, dtype=np.float64).copy(),
         runtime_s=runtime_s,
-        eval_returns=np.array(episodes["eval"][1], dtype=np.float64),
+        eval_returns=np.frombuffer(eval_returns, dtype=np.float64).copy(),
         total_timesteps=total_timesteps,
     )
 
@@ -262,8 +455,10 @@ def select_runs(
         else:
             try:
                 run = read_run(path, quiet=True)
-            except ValueError as error:  # a damaged episode record: named, not a traceback
-                left_out.append((path, str(error).removeprefix(f"{path}: ")))
+            except ValueError as error:  # a damaged or hostile run: named with what is wrong, not a traceback
+                why = str(error).removeprefix(f"{path}: ")
+                warn(f"{path}: left out: {why}")
+                left_out.append((path, why))
                 continue
             if run is None:
                 left_out.append((path, f"no {RETURN_TAG} logged"))
@@ -390,9 +585,42 @@ def performance_markdown(groups: dict, exp_names: list[str], env_ids: list[str],
 
 
 def load_human_random_scores(path: Path = HUMAN_RANDOM_CSV) -> dict[str, tuple[float, float]]:
-    """game (snake_case) -> (random score, human score)."""
-    with open(path, newline="") as file:
-        return {row["game"]: (float(row["random"]), float(row["human"])) for row in csv.DictReader(file)}
+    """game (snake_case) -> (random score, human score); ValueError, saying why, for a file that is not such a table
+    (other columns, a score that is not a finite number, a game twice, a human score equal to the random one, which
+    would normalise by zero) or is over SCORES_CSV_MAX_BYTES."""
+    try:
+        if not path.is_file():
+            raise ValueError("not a regular file" if path.exists() else "no such file")
+        with open(path, "rb") as file:
+            data = file.read(SCORES_CSV_MAX_BYTES + 1)
+        if len(data) > SCORES_CSV_MAX_BYTES:
+            raise ValueError(f"over {SCORES_CSV_MAX_BYTES // 1024} kB, more than a table of games needs")
+        reader = csv.DictReader(io.StringIO(data.decode()))
+        if not {"game", "random", "human"} <= set(reader.fieldnames or []):
+            raise ValueError(f"its columns are {reader.fieldnames}, not game, random and human")
+        table = {}
+        for row in reader:
+            where = f"line {reader.line_num}"
+            game, random_score, human_score = row["game"], table_score(row, "random", where), table_score(row, "human", where)
+            if random_score == human_score:
+                raise ValueError(f"{where}: {game}'s human score is its random score (it would normalise by zero)")
+            if game in table:
+                raise ValueError(f"{where}: {game} is in it twice")
+            table[game] = (random_score, human_score)
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise ValueError(f"cannot read it ({getattr(error, 'strerror', None) or error})") from None
+    return table
+
+
+def table_score(row: dict, column: str, where: str) -> float:
+    """The finite number in `column` of a row of the score table; ValueError, saying where, for anything else."""
+    try:
+        value = float(row[column])
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: {column} score {row[column]!r} is not a finite number")
+    return value
 
 
 def atari_game_name(env_id: str) -> str:
@@ -412,7 +640,8 @@ def human_normalized_score(score, random_score: float, human_score: float):
 def human_normalized_matrices(
     groups: dict, exp_names: list[str], env_ids: list[str], scores_table: dict[str, tuple[float, float]]
 ) -> dict[str, tuple[list[str], np.ndarray]]:
-    """exp_name -> (Atari env ids, (num_runs, num_games) human-normalized final scores).
+    """exp_name -> (Atari env ids, (num_runs, num_games) human-normalized final scores); ValueError when the score
+    table's numbers make them infinite.
 
     rliable needs the same number of runs on every game: when seeds differ, the first (lowest) seeds are kept.
     """
@@ -428,7 +657,14 @@ def human_normalized_matrices(
             if len(group.seeds) > num_runs:
                 warn(f"{exp_name} on {env_id}: using the first {num_runs} seeds for aggregate statistics")
             random_score, human_score = scores_table[atari_game_name(env_id)]
-            columns.append(human_normalized_score(group.final_scores[:num_runs], random_score, human_score))
+            with np.errstate(over="ignore"):  # said below in one line instead
+                column = human_normalized_score(group.final_scores[:num_runs], random_score, human_score)
+            if not np.isfinite(column).all():  # a human score a hair from the random one
+                raise ValueError(
+                    f"{atari_game_name(env_id)}'s random and human scores ({random_score!r}, {human_score!r}) "
+                    f"normalise {exp_name}'s scores to infinity"
+                )
+            columns.append(column)
         matrices[exp_name] = (games, np.stack(columns, axis=1))
     return matrices
 
@@ -583,9 +819,13 @@ def plot_learning_curves(
         fontsize="small",
     )
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    from cleanrl_q_utils.checkpoint_files import write_atomically
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(str(path), lambda file: figure.savefig(file, format="png", dpi=120))
+    finally:
+        plt.close(figure)
 
 
 class Parser(argparse.ArgumentParser):
@@ -617,7 +857,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--bootstrap-reps", type=int, default=50_000, help="bootstrap resamples for the Atari confidence intervals"
     )
-    parser.add_argument("--scores-csv", type=Path, default=HUMAN_RANDOM_CSV, help="random and human scores per Atari game")
+    parser.add_argument(
+        "--scores-csv", type=Path, default=HUMAN_RANDOM_CSV, help="random and human scores per Atari game (read for -v5 ids)"
+    )
     parser.add_argument("--no-plot", action="store_true", help="write only the markdown")
     parser.add_argument(
         "--export-episodes",
@@ -626,30 +868,86 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="also write each reported run's episodes to DIR/<run name>.episodes.csv.gz, which --runs-dir reads back",
     )
     args = parser.parse_args(argv)
-    for flag in ("last_episodes", "smoothing_window", "num_points", "bootstrap_reps", "total_timesteps"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            fail(f"--{flag.replace('_', '-')}={value}: must be at least 1")
-    if not is_plain_name(args.name):
-        fail(f"--name={args.name}: must be a file name stem (no /)")
+    check_counts(
+        args,
+        {
+            "last_episodes": MOST_COUNT,
+            "smoothing_window": MOST_COUNT,
+            "num_points": MOST_POINTS,
+            "bootstrap_reps": MOST_BOOTSTRAP_REPS,
+            "total_timesteps": None,
+        },
+    )
+    # the longest file the report makes of --name is the temporary file of <name>_curves.png
+    most = name_max(args.output_dir) - len(temporary_name("_curves.png").encode())
+    if not is_plain_name(args.name) or len(args.name.encode()) > most:
+        fail(f"--name={args.name}: must be a file name stem (no /) of at most {most} bytes on this file system")
     check_writable(args.output_dir)
     if args.export_episodes is not None:
         check_writable(args.export_episodes, "--export-episodes")
     return args
 
 
+def check_counts(args: argparse.Namespace, most: dict[str, int | None]) -> None:
+    """Stops in one line at a count flag below 1 or above its upper end (None: no upper end)."""
+    for flag, upper in most.items():
+        value = getattr(args, flag)
+        if value is not None and not 1 <= value <= (upper or value):
+            allowed = "must be at least 1" if upper is None else f"must be between 1 and {upper:,}"
+            fail(f"--{flag.replace('_', '-')}={value}: {allowed}")
+
+
 def is_plain_name(name: str) -> bool:
-    return bool(name) and "/" not in name and name not in (".", "..")
+    return bool(name) and "/" not in name and "\x00" not in name and name not in (".", "..")
+
+
+def name_max(folder: Path) -> int:
+    """The longest file name, in bytes, that the file system of `folder` (or of its nearest existing parent, when it is
+    yet to be made) takes; 255 where it does not say."""
+    for existing in (folder, *folder.absolute().parents):
+        try:
+            return os.pathconf(existing, "PC_NAME_MAX")
+        except (OSError, ValueError):
+            continue
+    return 255
+
+
+def temporary_name(name: str) -> str:
+    """The name of the temporary file that `write_atomically` writes before renaming it to `name` (its longest)."""
+    return f".{name}.{'x' * 8}.tmp"
+
+
+def fits_file_name(name: str, folder: Path) -> bool:
+    """Whether a file `name`, and its temporary file, can be made in `folder`: checked before any file is written, so
+    that a long run name stops the report at once, not when its last file is written."""
+    return len(temporary_name(name).encode()) <= name_max(folder)
 
 
 def check_writable(output_dir: Path, flag: str = "--output-dir") -> None:
     """Stops before reading any run when the report could not be written (a read-only or unmakeable folder)."""
+    if output_dir.exists() and not output_dir.is_dir():
+        fail(f"{flag}={output_dir}: not a folder; choose a folder you can write to")
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=output_dir):
             pass
-    except OSError as error:
-        fail(f"{flag}={output_dir}: cannot write there ({error.strerror}); choose a folder you can write to")
+    except (OSError, ValueError) as error:
+        why = getattr(error, "strerror", None) or error
+        fail(f"{flag}={output_dir}: cannot write there ({why}); choose a folder you can write to")
+
+
+def needs_scores_table(env_ids: list[str]) -> bool:
+    """Whether any of `env_ids` may be an Atari game of the score table: envpool's Atari ids end in -v5. The table is
+    read only then, so that a report of other envs needs no table."""
+    return any(env_id.endswith("-v5") and atari_game_name(env_id) for env_id in env_ids)
+
+
+def print_output(text: str) -> None:
+    """Prints `text` on stdout; a reader that closed the pipe (`| head`) is no error: the files are written."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -672,31 +970,48 @@ def main(argv: list[str] | None = None) -> int:
     exp_names = [exp_name for exp_name in exp_names if any(run.exp_name == exp_name for run in runs)]
     env_ids = args.env_ids or sorted({run.env_id for run in runs})
     env_ids = [env_id for env_id in env_ids if any(run.env_id == env_id for run in runs)]
+    if not args.no_plot and len(env_ids) > MOST_PANELS:
+        fail(f"--env-ids: {len(env_ids)} env ids to plot, more than the {MOST_PANELS} panels a figure holds; use --no-plot")
+    if args.export_episodes is not None:
+        for run in runs:
+            if not fits_file_name(f"{run_name_of(run.path)}{EPISODES_SUFFIX}", args.export_episodes):
+                fail(f"--export-episodes={args.export_episodes}: the record of {run.path} would have too long a file name")
     groups = group_runs(runs, args.last_episodes)
 
     sections = [performance_markdown(groups, exp_names, env_ids, args.last_episodes)]
-    scores_table = load_human_random_scores(args.scores_csv)
-    matrices = human_normalized_matrices(groups, exp_names, env_ids, scores_table)
+    scores_table = {}
+    try:
+        if needs_scores_table(env_ids):
+            scores_table = load_human_random_scores(args.scores_csv)
+        matrices = human_normalized_matrices(groups, exp_names, env_ids, scores_table)
+    except ValueError as error:
+        fail(f"--scores-csv={args.scores_csv}: {error}")
     if matrices:
         aggregates = aggregate_with_confidence(matrices, reps=args.bootstrap_reps)
         sections.append(atari_markdown(matrices, aggregates, args.last_episodes))
-    if not args.no_plot:
-        curves_path = args.output_dir / f"{args.name}_curves.png"
-        plot_learning_curves(runs, exp_names, env_ids, curves_path, args.num_points, args.smoothing_window, scores_table)
-        sections.append(f"Learning curves: `{curves_path}`")
-    if args.export_episodes is not None:
-        records = [write_episodes(run, args.export_episodes) for run in runs]
-        sections.append(f"Episode records: {count(len(records), 'run')} in `{args.export_episodes}`")
-    if left_out:
-        sections.append(left_out_markdown(left_out))
-
-    markdown = "\n\n".join(sections) + "\n"
     try:
-        (args.output_dir / f"{args.name}.md").write_text(markdown)
+        if not args.no_plot:
+            curves_path = args.output_dir / f"{args.name}_curves.png"
+            plot_learning_curves(runs, exp_names, env_ids, curves_path, args.num_points, args.smoothing_window, scores_table)
+            sections.append(f"Learning curves: `{curves_path}`")
+        if args.export_episodes is not None:
+            records = [write_episodes(run, args.export_episodes) for run in runs]
+            sections.append(f"Episode records: {count(len(records), 'run')} in `{args.export_episodes}`")
+        if left_out:
+            sections.append(left_out_markdown(left_out))
+        markdown = "\n\n".join(sections) + "\n"
+        write_text(args.output_dir / f"{args.name}.md", markdown)
     except OSError as error:
-        fail(f"--output-dir={args.output_dir}: cannot write {args.name}.md there ({error.strerror})")
-    print(markdown)
+        fail(f"cannot write {error.filename or 'a file'}: {error.strerror or error}")
+    print_output(markdown)
     return 0
+
+
+def write_text(path: Path, text: str) -> None:
+    """Writes `text` to `path` whole or not at all."""
+    from cleanrl_q_utils.checkpoint_files import write_atomically
+
+    write_atomically(str(path), lambda file: file.write(text.encode()))
 
 
 if __name__ == "__main__":

@@ -8,11 +8,14 @@ wall time = first to last event of the run) and adds, per run, the first agent s
 training episodes reached the env's threshold ("never" if it did not), and the mean of its `eval/episodic_return`
 episodes where it logged some. Prints markdown: one table per env, per seed and then mean ± std over seeds, and then
 the runs found under --runs-dir that are not of the sweep asked for (`--seeds`, `--total-timesteps` as in report.py).
+Damaged or hostile runs are left out as report.py leaves them out, each named in one `warning:` line on stderr, as are
+env ids and exp_names without runs (no table, no row) and seeds with fewer episodes than the window.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -42,6 +45,12 @@ def env_table(runs: list, exp_names: list[str], threshold: float, window: int) -
         members = sorted((run for run in runs if run.exp_name == exp_name), key=lambda run: run.seed)
         if not members:
             continue
+        short = [run.seed for run in members if len(run.returns) < window]
+        if short:
+            report.warn(
+                f"{exp_name} on {members[0].env_id}: seeds {short} logged fewer than {window} episodes: their return is "
+                "the mean of all they logged, and they reach no threshold"
+            )
         finals = np.array([report.final_score(run.returns, window) for run in members])
         evals = [float(np.mean(run.eval_returns)) if len(run.eval_returns) else None for run in members]
         firsts = [first_step_at(run.steps, run.returns, threshold, window) for run in members]
@@ -78,18 +87,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if len(args.thresholds) != len(args.env_ids):
         parser.error(f"--thresholds: {len(args.thresholds)} given for {len(args.env_ids)} --env-ids; give one per env id")
-    for flag in ("last_episodes", "total_timesteps"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')}={getattr(args, flag)}: must be at least 1")
+    for threshold in args.thresholds:
+        if not math.isfinite(threshold):
+            parser.error(f"--thresholds={threshold}: must be finite numbers (a return the trailing mean can reach)")
+    report.check_counts(args, {"last_episodes": report.MOST_COUNT, "total_timesteps": None})
     runs, left_out = report.select_runs(args.runs_dir, args.exp_names, args.env_ids, args.seeds, args.total_timesteps)
+    where = " ".join(map(str, args.runs_dir))
     if not runs:
-        print(f"error: no run of {' '.join(args.exp_names)} under {' '.join(map(str, args.runs_dir))}", file=sys.stderr)
+        print(f"error: no run of {' '.join(args.exp_names)} under {where}", file=sys.stderr)
         return 1
+    for exp_name in args.exp_names:
+        if not any(run.exp_name == exp_name for run in runs):
+            report.warn(f"requested exp_name {exp_name} has no runs under {where}; left out")
     for env_id, threshold in zip(args.env_ids, args.thresholds):
-        table = env_table([run for run in runs if run.env_id == env_id], args.exp_names, threshold, args.last_episodes)
-        print(f"### {env_id}\n\n{table}\n")
+        members = [run for run in runs if run.env_id == env_id]
+        if not members:
+            report.warn(f"requested env id {env_id} has no runs under {where}; no table")
+            continue
+        report.print_output(f"### {env_id}\n\n{env_table(members, args.exp_names, threshold, args.last_episodes)}\n")
     if left_out:
-        print(report.left_out_markdown(left_out) + "\n")
+        report.print_output(report.left_out_markdown(left_out) + "\n")
     return 0
 
 

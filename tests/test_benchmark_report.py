@@ -316,7 +316,7 @@ def test_report_refuses_a_non_positive_last_episodes(value, tmp_path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2
-    assert result.stderr == f"error: --last-episodes={value}: must be at least 1\n"
+    assert result.stderr == f"error: --last-episodes={value}: must be between 1 and 1,000,000,000\n"
 
 
 def test_report_into_a_read_only_folder_is_one_line(pqn_sweep):

@@ -61,4 +61,4 @@ def test_table_refuses_a_non_positive_last_episodes(pqn_sweep, capsys):
     with pytest.raises(SystemExit) as stop:
         threshold_table.main([*argv, "--last-episodes", "0"])
     assert stop.value.code == 2
-    assert capsys.readouterr().err == "error: --last-episodes=0: must be at least 1\n"
+    assert capsys.readouterr().err == "error: --last-episodes=0: must be between 1 and 1,000,000,000\n"
