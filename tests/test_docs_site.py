@@ -21,7 +21,9 @@ import pytest
 
 from helpers import REPO, import_file, import_script
 
-ALGORITHM_PAGES = sorted((REPO / "docs" / "rl-algorithms").glob("*.md"))
+# An algorithm's page; its history page (`<algo>-history.md`: sweeps and earlier configurations) has no table.
+ALGORITHM_PAGES = sorted(page for page in (REPO / "docs" / "rl-algorithms").glob("*.md") if not page.stem.endswith("-history"))
+HISTORY_PAGES = sorted((REPO / "docs" / "rl-algorithms").glob("*-history.md"))
 SCRIPTS = sorted(path.name for path in (REPO / "cleanrl").glob("*.py") if path.name != "__init__.py")
 
 
