@@ -21,7 +21,9 @@ import pytest
 
 from helpers import REPO, import_file, import_script
 
-ALGORITHM_PAGES = sorted((REPO / "docs" / "rl-algorithms").glob("*.md"))
+# An algorithm's page; its history page (`<algo>-history.md`: sweeps and earlier configurations) has no table.
+ALGORITHM_PAGES = sorted(page for page in (REPO / "docs" / "rl-algorithms").glob("*.md") if not page.stem.endswith("-history"))
+HISTORY_PAGES = sorted((REPO / "docs" / "rl-algorithms").glob("*-history.md"))
 SCRIPTS = sorted(path.name for path in (REPO / "cleanrl").glob("*.py") if path.name != "__init__.py")
 
 
@@ -80,6 +82,46 @@ def test_the_minatar_column_is_the_configuration_a_minatar_id_brings(script):
             flag, default, on_minatar = line.split(" | ")[:3]
             name = flag.removeprefix("| `--").removesuffix("`").replace("-", "_")
             assert on_minatar == (f"**`{read[name]}`**" if name in read else default), line
+
+
+# The pages that open with the answer: what the algorithm is, its results beside the published ones, how to run it.
+PAGES_THAT_LEAD_WITH_RESULTS = ["pqn.md", "dqn_dueling_per.md", "iqn.md", "recurrent_iqn.md"]
+
+
+def level_two_headings(text: str) -> list[str]:
+    """The page's `## ` headings in order, outside code blocks (a `# comment` line in a bash block is no heading)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return [line[3:].strip() for line in text.splitlines() if line.startswith("## ")]
+
+
+@pytest.mark.parametrize("page", PAGES_THAT_LEAD_WITH_RESULTS)
+def test_an_algorithm_page_opens_with_its_results_and_the_command(page):
+    """Overview, then a results table whose columns keep ours apart from others', then Usage with a command; the
+    details and the experiments follow."""
+    text = (REPO / "docs" / "rl-algorithms" / page).read_text()
+    headings = level_two_headings(text)
+    assert headings[:3] == ["Overview", "Results", "Usage"], headings
+    assert headings.index("Implementation details") < headings.index("Experiment results")
+    results = text[text.index("\n## Results\n") : text.index("\n## Usage\n")]
+    header = next(line for line in results.splitlines() if line.startswith("|"))
+    assert "| ours |" in header and ("| theirs (published) |" in header or "| others' |" in header), header
+    block = re.match(r"\n## Usage\n\n```bash\n(.*?)```", text[text.index("\n## Usage\n") :], re.S)
+    assert block and re.search(r"^python cleanrl/\w+\.py", block[1], re.M), page
+
+
+@pytest.mark.parametrize("history", HISTORY_PAGES, ids=lambda path: path.name)
+def test_a_history_page_and_its_algorithm_page_link_each_other(history):
+    algorithm = history.with_name(history.name.replace("-history.md", ".md"))
+    assert f"]({algorithm.name}" in history.read_text()
+    assert f"]({history.name}#" in algorithm.read_text()
+    assert f"rl-algorithms/{history.name}" in (REPO / "mkdocs.yml").read_text()
+
+
+def test_plus_minus_is_written_one_way():
+    """Mean ± std is written with the sign itself, never `+-` or `+/-`."""
+    for page in sorted((REPO / "docs").rglob("*.md")):
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        assert not re.search(r"\d \+/?- \d", text), page.relative_to(REPO)
 
 
 TWO_SCRIPTS = {
@@ -211,6 +253,20 @@ def test_generated_tables_are_in_the_built_pages(built_site):
     page = (built_site / "rl-algorithms" / "recurrent_iqn" / "index.html").read_text()
     assert "<!-- hyperparameters" not in page
     assert "<code>recurrent_iqn_atari.py</code>" in page and "<code>--burn-in</code>" in page
+
+
+def test_code_in_tables_breaks_only_between_words(built_site):
+    """The theme lets inline code break anywhere; the site's stylesheet stops that in tables, and its script keeps each
+    word of such code on one line, so flags and file names are not cut in narrow columns."""
+    page = (built_site / "rl-algorithms" / "pqn" / "index.html").read_text()
+    assert 'href="../../stylesheets/extra.css"' in page and 'src="../../javascripts/table-code.js"' in page
+    css = re.sub(r"/\*.*?\*/", "", (built_site / "stylesheets" / "extra.css").read_text(), flags=re.S)
+    rules = {selector.strip(): body for selector, body in re.findall(r"([^{}]+)\{([^}]*)\}", css)}
+    table_code = rules[".md-typeset table:not([class]) code"]
+    assert "word-break: normal" in table_code and "overflow-wrap: normal" in table_code
+    assert "white-space: nowrap" in rules[".md-typeset table:not([class]) code .code-word"]
+    script = (built_site / "javascripts" / "table-code.js").read_text()
+    assert ".md-typeset table:not([class]) code" in script and '"code-word"' in script
 
 
 @pytest.fixture
