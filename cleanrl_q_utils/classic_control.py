@@ -1,11 +1,14 @@
-"""Classic control without envpool: envpool ships Linux wheels only, so on macOS and Windows the vector scripts play
-gymnasium's own CartPole, Acrobot, MountainCar and LunarLander, stepped as envpool steps them (`GymnasiumPool`).
+"""Classic control without envpool: envpool ships Linux wheels only, so where it cannot be imported (macOS) the vector
+scripts play gymnasium's own CartPole, Acrobot, MountainCar and LunarLander, stepped as envpool steps them
+(`GymnasiumPool`).
 
 What the scripts rely on is kept: NEXT_STEP autoreset (the step after an episode end only starts the next episode: its
 action is ignored, its reward is 0 and it ends nothing), time-outs as truncations at the id's step cap (or at
 `max_episode_steps`), float32 rewards, observations of the space's dtype, game i seeded with `seed + i` when built, and
 envpool's info fields of classic control (`env_id`, `players`, `elapsed_step`). The games themselves are gymnasium's:
-their first states are drawn by another generator than envpool's, so the same seed plays other games.
+their first states are drawn by another generator than envpool's, so the same seed plays other games, and a game that
+ends on the capped step is both terminated and truncated (gymnasium's TimeLimit), where envpool calls it truncated only.
+Given the seed and the actions the games are the same every time, which a resume's replay of the logged actions needs.
 
 Atari stays on envpool: without it an Atari id stops with one line that says so.
 """

@@ -92,6 +92,15 @@ def test_env_i_is_seeded_with_seed_plus_i_and_a_reset_seed_is_ignored(maker):
     assert not np.array_equal(pair.reset()[0], first)  # a later reset goes on with each env's generator
 
 
+def test_the_same_seed_and_actions_replay_the_same_games():
+    """A resume rebuilds the envs by replaying the logged actions on fresh envs of the same seed."""
+    actions = np.random.default_rng(0).integers(0, 3, (300, 3))
+    first, second = (play(classic_control.make_envs("Acrobot-v1", 3, 5), actions)[1] for _ in range(2))
+    np.testing.assert_array_equal(np.array([step[0] for step in first]), np.array([step[0] for step in second]))
+    other = play(classic_control.make_envs("Acrobot-v1", 3, 6), actions)[1]
+    assert not np.array_equal(other[-1][0], first[-1][0])
+
+
 @pytest.fixture
 def without_envpool(monkeypatch):
     monkeypatch.setitem(sys.modules, "envpool", None)  # `import envpool` then fails, as where it is not installed
