@@ -18,15 +18,25 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-import envpool
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
+from cleanrl_q_utils import (
+    classic_control,
+    command_line,
+    environments,
+    episode_scores,
+    flag_checks,
+    minatar,
+    model_files,
+    training_run,
+)
 from cleanrl_q_utils.segment_tree import SegmentTree
+
+envpool = classic_control.import_envpool()  # None off Linux (it has Linux wheels only): classic control is gymnasium's
 
 # The layout of checkpoint.pt, which a resume checks; 2: the state under one "state" entry, the buffer under "rb";
 # 3: the --adam-eps flag, and on Atari a replay that stores each frame once (FrameReplayBuffer)
@@ -240,6 +250,8 @@ def make_env(env_id: str, num_envs: int, seed: int):
     ends an episode (envpool then plays no-ops and FIRE) and rewards are clipped (true scores come from `true_game_end`)."""
     if minatar.is_minatar(env_id):
         return minatar.make_envs(env_id, num_envs, seed)
+    if envpool is None:  # stepped as envpool steps, NEXT_STEP autoreset included
+        return classic_control.make_envs(env_id, num_envs, seed)
     kwargs = dict(num_threads=1)  # cheaper than a thread pool for classic control's tiny steps
     if is_atari(env_id):
         stack = FrameReplayBuffer.STACK_NUM

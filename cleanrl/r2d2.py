@@ -15,14 +15,24 @@ import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch l
 import os
 from dataclasses import dataclass
 
-import envpool
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
+from cleanrl_q_utils import (
+    classic_control,
+    command_line,
+    environments,
+    episode_scores,
+    flag_checks,
+    minatar,
+    model_files,
+    training_run,
+)
 from cleanrl_q_utils.segment_tree import SegmentTree
+
+envpool = classic_control.import_envpool()  # None off Linux (it has Linux wheels only): classic control is gymnasium's
 
 # The layout of checkpoint.pt, which a resume checks; 3: the burn-in is a prefix before --seq-len trained steps,
 # and --sequence-period sets how often a sequence starts
@@ -193,6 +203,8 @@ def memory_needs(args: Args, obs_shape: tuple, num_actions: int, obs_dtype) -> l
 def make_env(env_id: str, num_envs: int, seed: int):
     if minatar.is_minatar(env_id):
         return minatar.make_envs(env_id, num_envs, seed)
+    if envpool is None:  # stepped as envpool steps, NEXT_STEP autoreset included
+        return classic_control.make_envs(env_id, num_envs, seed)
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
 
 

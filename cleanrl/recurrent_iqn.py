@@ -15,16 +15,26 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-import envpool
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, minatar, model_files, training_run
+from cleanrl_q_utils import (
+    classic_control,
+    command_line,
+    environments,
+    episode_scores,
+    flag_checks,
+    minatar,
+    model_files,
+    training_run,
+)
 from cleanrl_q_utils.lstm_unroll import segment_bounds, unroll_lstm, unroll_lstm_merged
 from cleanrl_q_utils.segment_tree import SegmentTree
+
+envpool = classic_control.import_envpool()  # None off Linux (it has Linux wheels only): classic control is gymnasium's
 
 # The layout of checkpoint.pt, which a resume checks; 3: replay windows with the burn-in before them; the IQN-before-LSTM layer
 CHECKPOINT_FORMAT = 3
@@ -231,7 +241,10 @@ def memory_needs(args, obs_shape, num_actions, obs_dtype) -> list:
 def make_env(env_id, num_envs, seed, mask_velocity, max_episode_steps):
     if minatar.is_minatar(env_id):  # the step cap, gymnasium's TimeLimit, also scales the timestep input
         return minatar.make_envs(env_id, num_envs, seed, max_episode_steps)
-    envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, max_episode_steps=max_episode_steps)
+    if envpool is None:  # stepped as envpool steps, NEXT_STEP autoreset included
+        envs = classic_control.make_envs(env_id, num_envs, seed, max_episode_steps)
+    else:
+        envs = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, max_episode_steps=max_episode_steps)
     return hide_velocity(envs) if mask_velocity else envs
 
 

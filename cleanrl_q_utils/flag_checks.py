@@ -158,13 +158,17 @@ def check_video_modules(env_id: str) -> None:
 def check_env_id(env_id: str, atari: Optional[bool] = None):
     """The envpool spec of `env_id`, after checking that envpool knows it, that its actions are discrete and, with
     `atari` given, that it is (True) or is not (False) an Atari game of image observations. MinAtar ids (gymnasium's)
-    are for the scripts of vector observations, which give their 10x10 images a torso of their own."""
-    import envpool
+    are for the scripts of vector observations, which give their 10x10 images a torso of their own. Where envpool is not
+    installed (it has Linux wheels only), classic control is gymnasium's and an Atari id stops with one line."""
+    from cleanrl_q_utils import classic_control  # it imports this module
 
     if minatar.is_minatar(env_id):
         if atari:
             flag_error("env_id", env_id, "a MinAtar game: this script needs an Atari game; its twin for vectors plays MinAtar")
         return minatar.spec(env_id)
+    envpool = classic_control.import_envpool()
+    if envpool is None:
+        return classic_control.check_env_id(env_id, atari)
     if env_id not in envpool.list_all_envs():
         flag_error("env_id", env_id, "not an envpool environment id (e.g. CartPole-v1, Breakout-v5)")
     spec = envpool.make_spec(env_id)
@@ -177,12 +181,17 @@ def check_env_id(env_id: str, atari: Optional[bool] = None):
 
 
 def available_memory_bytes() -> int:
-    """RAM the kernel says can be allocated without swapping (MemAvailable), else the free pages."""
+    """RAM the kernel says can be allocated without swapping (MemAvailable), else the free pages, else (macOS, which
+    counts no free pages for sysconf) all of the RAM: a bound that still stops what could never fit."""
     try:
         with open("/proc/meminfo") as meminfo:
             return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
     except (OSError, StopIteration):
+        pass
+    try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def check_memory(needed_bytes: int, what: str, flags: str) -> None:

@@ -61,8 +61,11 @@ def describe_device(device: torch.device, cuda: bool) -> str:
 
 def software_versions(script: str) -> dict:
     """The versions a result depends on, logged with the hyperparameters: torch, envpool, gymnasium, and the git commit
-    of the scripts (with "+changes" when the working tree differs from it)."""
-    import envpool
+    of the scripts (with "+changes" when the working tree differs from it); envpool "not installed" where classic
+    control runs on gymnasium."""
+    from cleanrl_q_utils.classic_control import import_envpool
+
+    envpool = import_envpool()
 
     def git(*command):
         try:
@@ -74,7 +77,12 @@ def software_versions(script: str) -> dict:
     commit = git("rev-parse", "--short", "HEAD")
     if commit and git("status", "--porcelain", "--untracked-files=no"):
         commit += "+changes"
-    return dict(torch=torch.__version__, envpool=envpool.__version__, gymnasium=gym.__version__, git=commit or "unknown")
+    return dict(
+        torch=torch.__version__,
+        envpool=envpool.__version__ if envpool else "not installed",
+        gymnasium=gym.__version__,
+        git=commit or "unknown",
+    )
 
 
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO)
