@@ -145,6 +145,11 @@ def make_video_env(
         gym.register_envs(ale_py)
     if not env_id.endswith("-v5"):
         return WholeVideos(gym.make(env_id, render_mode="rgb_array"), video_folder)
+    # The same model can score differently here than on envpool: say so, once per video evaluation.
+    print(
+        f"note: --capture-video evaluates on ale-py's ALE/{env_id} with the training preprocessing (envpool does not "
+        "render): the same model's scores can differ from those on envpool"
+    )
     frames = {} if max_episode_steps is None else {"max_num_frames_per_episode": 4 * max_episode_steps}
     env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array", **frames)
     env = WholeVideos(env, video_folder)
