@@ -221,7 +221,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--resume-args",
         default=None,
         help="flags added when a run resumes its checkpoint (default: --resume-fresh-envs on ray and slurm, whose resume "
-        "costs the same at any step; none locally). --resume-args= resumes by replaying the logged actions (exact)",
+        "costs the same at any step; none locally). --resume-args= resumes by fast-forwarding the environments through the "
+        "logged actions (exact)",
     )
     parser.add_argument("--wandb-group", default=None, help="W&B group of the runs (WANDB_RUN_GROUP), with --track")
     parser.add_argument("--cpus-per-run", type=int, default=1, help="ray, slurm: CPU cores of one run (default 1)")

@@ -15,26 +15,29 @@ GAMES="MinAtar/Asterix-v0 MinAtar/Breakout-v0 MinAtar/Freeway-v0 MinAtar/Seaques
 # minutes on Breakout);
 # IQN's from its steady speed on Breakout (279 agent steps/s; its 5M-step Breakout run took 294 minutes), sb3-contrib's
 # QR-DQN's (32 quantiles) from its 5M-step Breakout run (471 minutes, 134-226 agent steps/s beside another run).
-# --save-model adds the greedy evaluation after training.
+# --save-model adds the greedy evaluation after training. The dueling DQN's and recurrent IQN's runs take the names the
+# kept records (benchmark/episodes/minatar) and the docs' tables carry, dqn_replay_ratio8 and riqn_lr_1e-3 (their
+# configurations' replay ratio and learning rate, named before they were the configurations'), so that a new run lands
+# in the same report column as the run it reproduces; in the sweeps' records (benchmark/episodes/minatar_sweeps) the
+# scripts' own names, dqn_dueling_per and recurrent_iqn, are the earlier configurations.
 minatar 40 "$GAMES" "1 2 3" python cleanrl/pqn.py --save-model
-minatar 79 "$GAMES" "1 2 3" python cleanrl/dqn_dueling_per.py --save-model
+minatar 79 "$GAMES" "1 2 3" python cleanrl/dqn_dueling_per.py --save-model --exp-name dqn_replay_ratio8
 minatar 300 "$GAMES" "1" python cleanrl/iqn.py --save-model
 minatar 15 "$GAMES" "1 2 3" python cleanrl/r2d2.py --save-model
 minatar 38 "MinAtar/Freeway-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/r2d2.py --save-model \
     --total-timesteps 5000000 --exp-name r2d2_5m
-minatar 45 "MinAtar/Breakout-v0 MinAtar/SpaceInvaders-v0" "1 2 3" python cleanrl/recurrent_iqn.py --save-model
+minatar 45 "MinAtar/Breakout-v0 MinAtar/SpaceInvaders-v0" "1 2 3" python cleanrl/recurrent_iqn.py --save-model \
+    --exp-name riqn_lr_1e-3
 # Recurrent IQN's other three games, seeds 1-3 (its page, MinAtar).
 minatar 45 "MinAtar/Asterix-v0 MinAtar/Freeway-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/recurrent_iqn.py \
-    --save-model
+    --save-model --exp-name riqn_lr_1e-3
 minatar 305 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo dqn
 minatar 475 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo qrdqn
 
-# The kept episode records (benchmark/episodes/minatar) are reported beside the new runs, whose records join them. The
-# dueling DQN's and recurrent IQN's kept runs carry the names they were made under, dqn_replay_ratio8 and riqn_lr_1e-3
-# (their configurations' replay ratio and learning rate, before they were the configurations'); new runs of the same
-# configurations are reported as dqn_dueling_per and recurrent_iqn.
+# The kept episode records (benchmark/episodes/minatar) are reported beside the new runs, under the same names, and the
+# new runs' records join them.
 after python benchmark/report.py --runs-dir runs benchmark/episodes/minatar --env-ids $GAMES --name minatar \
-    --exp-names pqn dqn_dueling_per dqn_replay_ratio8 iqn r2d2 r2d2_5m recurrent_iqn riqn_lr_1e-3 sb3_dqn sb3_qrdqn \
+    --exp-names pqn dqn_replay_ratio8 iqn r2d2 r2d2_5m riqn_lr_1e-3 sb3_dqn sb3_qrdqn \
     --export-episodes benchmark/episodes/minatar
 
 run_sweeps

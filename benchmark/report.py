@@ -10,10 +10,10 @@ them, a few hundred kB that can be kept in the repository when the run folders a
 The sweep reported is what `--exp-names`, `--env-ids`, `--seeds` and `--total-timesteps` ask for (all runs
 found when none is given); of several runs of one exp_name, env id and seed, the newest is reported. Every run found
 that is left out (another sweep's, an earlier one of the same seed, one without episodes) is named, with why, at the
-end of the report. Runs are grouped by (exp_name, env_id); each
+end of the report file; the console counts them in one line. Runs are grouped by (exp_name, env_id); each
 run's final performance is the mean of its last 100 `charts/episodic_return` values (the true game scores of
 its last 100 training episodes), and a group reports the mean and standard deviation of that number over its
-seeds. Writes to `--output-dir`:
+seeds. Writes to `--output-dir`, and says where first, on stdout (then the tables):
 
 - `<name>.md`: final performance and wall-clock runtime per env, one column per exp_name; for Atari ids
   (found in atari57_random_human_scores.csv) also human-normalized scores with the median and the
@@ -986,24 +986,30 @@ def main(argv: list[str] | None = None) -> int:
         matrices = human_normalized_matrices(groups, exp_names, env_ids, scores_table)
     except ValueError as error:
         fail(f"--scores-csv={args.scores_csv}: {error}")
+    report_path, curves_path = args.output_dir / f"{args.name}.md", args.output_dir / f"{args.name}_curves.png"
+    # Said before the slow part (bootstrap, curves), once nothing can stop the report but a failed write.
+    written = f"{report_path}" if args.no_plot else f"{report_path} and {curves_path}"
+    print_output(f"report.py: {count(len(runs), 'run')} reported; writing {written}")
     if matrices:
         aggregates = aggregate_with_confidence(matrices, reps=args.bootstrap_reps)
         sections.append(atari_markdown(matrices, aggregates, args.last_episodes))
     try:
         if not args.no_plot:
-            curves_path = args.output_dir / f"{args.name}_curves.png"
             plot_learning_curves(runs, exp_names, env_ids, curves_path, args.num_points, args.smoothing_window, scores_table)
             sections.append(f"Learning curves: `{curves_path}`")
         if args.export_episodes is not None:
             records = [write_episodes(run, args.export_episodes) for run in runs]
             sections.append(f"Episode records: {count(len(records), 'run')} in `{args.export_episodes}`")
-        if left_out:
-            sections.append(left_out_markdown(left_out))
-        markdown = "\n\n".join(sections) + "\n"
-        write_text(args.output_dir / f"{args.name}.md", markdown)
+        markdown = "\n\n".join(sections + ([left_out_markdown(left_out)] if left_out else [])) + "\n"
+        write_text(report_path, markdown)
     except OSError as error:
         fail(f"cannot write {error.filename or 'a file'}: {error.strerror or error}")
-    print_output(markdown)
+    # The console gets the tables and one line for the runs left out; the report file lists them, with why.
+    if left_out:
+        sections.append(
+            f"Left out: {count(len(left_out), 'run')} found under --runs-dir but not of this report, listed in `{report_path}`"
+        )
+    print_output("\n\n".join(sections))
     return 0
 
 

@@ -479,4 +479,4 @@ def main(args: Args) -> list[float]:
 
 
 if __name__ == "__main__":
-    command_line.cli(main, Args)
+    command_line.cli(main, Args, minatar=MINATAR_DEFAULTS)

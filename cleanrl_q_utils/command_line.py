@@ -102,14 +102,15 @@ def flags_given(args) -> set[str]:
     return given
 
 
-def cli(main, args_class) -> None:
+def cli(main, args_class, minatar: Optional[dict] = None, atari: Optional[dict] = None) -> None:
     """A script's command line: parses the flags into `args_class` and runs `main`. A run stopped by a signal (after
     writing its checkpoint) leaves `main` with SystemExit(128 + the signal's number): shells and schedulers tell it
-    from a finished run by that exit status."""
+    from a finished run by that exit status. `minatar` and `atari` are the configurations that a MinAtar id or an
+    Atari id brings (the script's MINATAR_DEFAULTS, ATARI_DEFAULTS): `--help` shows their values."""
     import tyro
 
     if {"-h", "--help"} & set(sys.argv[1:]):  # tyro's help is one flat list; the flags read better by group
-        return print_grouped_help(args_class, sys.modules[args_class.__module__].__doc__)
+        return print_grouped_help(args_class, sys.modules[args_class.__module__].__doc__, minatar, atari)
     main(tyro.cli(args_class))
 
 
@@ -128,9 +129,17 @@ HELP_GROUPS = {
 }
 
 
-def print_grouped_help(args_class, script_doc: Optional[str]) -> None:
+# How `--help` names the ids that bring a configuration of their own, and what such an id looks like.
+CONFIGURATION_IDS = {"minatar": ("MinAtar ids", "MinAtar/Breakout-v0"), "atari": ("Atari ids", "Breakout-v5")}
+
+
+def print_grouped_help(
+    args_class, script_doc: Optional[str], minatar: Optional[dict] = None, atari: Optional[dict] = None
+) -> None:
     """`--help`: the first paragraph of the script's docstring, a usage line, then the fields of `args_class` under
-    the headings of HELP_GROUPS, each as `--flag TYPE  (default: X)` with its docstring below."""
+    the headings of HELP_GROUPS, each as `--flag TYPE  (default: X)` with its docstring below. A flag that a MinAtar or
+    an Atari id sets to another value (`minatar`, `atari`: name -> value) shows it in the same parentheses,
+    `(default: X; MinAtar ids: Y)`, and a paragraph under the usage line says so."""
     import ast
     import inspect
     import textwrap
@@ -153,6 +162,20 @@ def print_grouped_help(args_class, script_doc: Optional[str]) -> None:
     width = min(shutil.get_terminal_size().columns, 100)
     summary = " ".join((script_doc or "").strip().split("\n\n")[0].split())  # the docstring's first paragraph
     lines = [textwrap.fill(summary, width), "", f"usage: python {shlex.quote(sys.argv[0])} [-h] [--flag VALUE ...]"]
+    # Only the values that differ from a flag's default: the others change nothing.
+    defaults = {field.name: field.default for field in fields(args_class)}
+    configurations = {
+        CONFIGURATION_IDS[kind]: {name: value for name, value in values.items() if defaults.get(name, value) != value}
+        for kind, values in (("minatar", minatar), ("atari", atari))
+        if values
+    }
+    for (label, example), values in configurations.items():
+        text = (
+            f"{label} (--env-id {example}) bring a configuration of their own: the {len(values)} flags marked "
+            f"'{label}: VALUE' below take that value, unless given on the command line; a resumed run keeps its "
+            "checkpoint's flags and --eval-only its model file's."
+        )
+        lines += ["", textwrap.fill(text, width)]
     for group, members in by_group.items():
         lines += ["", f"{group}:"] if members else []
         for field in members:
@@ -162,7 +185,10 @@ def print_grouped_help(args_class, script_doc: Optional[str]) -> None:
             else:
                 kinds = [arg for arg in typing.get_args(kind) if arg is not type(None)] or [kind]  # Optional[str]: STR
                 usage = f"{flag} {getattr(kinds[0], '__name__', str(kinds[0])).upper()}"
-            lines.append(f"  {usage}  (default: {field.default})")
+            brought = "".join(
+                f"; {label}: {values[field.name]}" for (label, _), values in configurations.items() if field.name in values
+            )
+            lines.append(f"  {usage}  (default: {field.default}{brought})")
             indent = " " * 6
             text = docs.get(field.name, "")
             lines.append(textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False))

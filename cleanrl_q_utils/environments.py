@@ -1,5 +1,5 @@
 """Environment helpers that are not the algorithm: the recording env of `--capture-video` (envpool does not render),
-the flags of an Atari step at the step cap, and the rebuilding of envpool envs on resume (`replay_actions` steps the
+the flags of an Atari step at the step cap, and the rebuilding of envpool envs on resume (`fast_forward_envs` steps the
 logged actions again; `FirstStepIsReset` starts fresh games with a reset step). A video file is written whole or not
 at all (`write_whole_video`)."""
 
@@ -145,6 +145,11 @@ def make_video_env(
         gym.register_envs(ale_py)
     if not env_id.endswith("-v5"):
         return WholeVideos(gym.make(env_id, render_mode="rgb_array"), video_folder)
+    # The same model can score differently here than on envpool: say so, once per video evaluation.
+    print(
+        f"note: --capture-video evaluates on ale-py's ALE/{env_id} with the training preprocessing (envpool does not "
+        "render): the same model's scores can differ from those on envpool"
+    )
     frames = {} if max_episode_steps is None else {"max_num_frames_per_episode": 4 * max_episode_steps}
     env = gym.make(f"ALE/{env_id}", frameskip=1, repeat_action_probability=0.0, render_mode="rgb_array", **frames)
     env = WholeVideos(env, video_folder)
@@ -189,26 +194,29 @@ class FireAfterLifeLoss(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
-def replay_actions(envs, action_log: np.ndarray, obs: np.ndarray, action_dtype) -> None:
+def fast_forward_envs(envs, action_log: np.ndarray, obs: np.ndarray, action_dtype) -> None:
     """Steps fresh envs (envpool's or MinAtar's) through the logged actions (rows of one action per env), to rebuild
     the state a checkpoint does not hold; stops the run if the last observation differs from the checkpoint's `obs`."""
     envs_count = action_log.shape[1] if action_log.ndim > 1 else 1
     print(
-        f"resume: replaying {action_log.size} logged agent steps ({len(action_log)} steps of {envs_count} envs) to "
-        "rebuild the environments (a checkpoint holds no game state; --resume-fresh-envs skips this)",
+        f"resume: fast-forwarding the environments through {action_log.size} logged agent steps ({len(action_log)} steps "
+        f"of {envs_count} envs) to rebuild their games (a checkpoint holds no game state; --resume-fresh-envs skips this)",
         flush=True,
     )
     stepped, started = None, time.time()
     last = started
     for row, actions in enumerate(action_log, 1):
         stepped = envs.step(actions.astype(action_dtype))[0]
-        # The first line, after a second, says how long the replay takes; then one every ten seconds.
+        # The first line, after a second, says how long the fast-forward takes; then one every ten seconds.
         if time.time() - last >= (10.0 if last > started else 1.0) and row < len(action_log):
             last = time.time()
             left = (len(action_log) - row) * (last - started) / row
             done = f"{row * envs_count}/{action_log.size} agent steps ({100 * row / len(action_log):.0f}%)"
-            print(f"resume: replayed {done}, {format_duration(left)} left", flush=True)
+            print(f"resume: fast-forwarded {done}, {format_duration(left)} left", flush=True)
     if last > started:
-        print(f"resume: replay done in {format_duration(time.time() - started)}")
+        print(f"resume: fast-forward done in {format_duration(time.time() - started)}")
     if stepped is not None and not np.array_equal(stepped, obs):
-        raise SystemExit("error: the environment replay diverged from the checkpoint (another envpool version?)")
+        raise SystemExit(
+            "error: the environments' fast-forward through the logged actions diverged from the checkpoint "
+            "(another envpool version?)"
+        )

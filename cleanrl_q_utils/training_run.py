@@ -189,20 +189,21 @@ class Run:
     def fast_forward(self, envs, action_log: np.ndarray, obs: np.ndarray, stats, action_dtype=np.int64):
         """Brings the envs, just built with `run.env_seed`, on from the checkpoint; returns (envs, obs) for the loop.
 
-        envpool cannot save its state, but it is deterministic given its seed and the actions: by default the logged
-        actions are stepped again (`replay_actions`), and the run goes on exactly (a signal meanwhile exits at once;
-        the checkpoint is still the newest state). That costs the environment steps of the whole run so far. With
-        --resume-fresh-envs the envs start new games instead, at a cost that does not grow with the run: the games in
-        progress, counted from `stats` (read, not changed), are dropped; the script then makes its next step a reset
-        step, clears its partial scores (`stats.drop_games_in_progress`) and, where its replay ends n-step targets
-        only at a stored episode end, marks its last stored step as a time-out, so that nothing is trained across the
-        cut. A later exact resume replays only the actions since the last such cut."""
+        envpool cannot save its state, but it is deterministic given its seed and the actions: by default the envs are
+        fast-forwarded through the logged actions (`environments.fast_forward_envs`), and the run goes on exactly (a
+        signal meanwhile exits at once; the checkpoint is still the newest state). That costs the environment steps of
+        the whole run so far. With --resume-fresh-envs the envs start new games instead, at a cost that does not grow
+        with the run: the games in progress, counted from `stats` (read, not changed), are dropped; the script then
+        makes its next step a reset step, clears its partial scores (`stats.drop_games_in_progress`) and, where its
+        replay buffer ends n-step targets only at a stored episode end, marks its last stored step as a time-out, so
+        that nothing is trained across the cut. A later exact resume fast-forwards through only the actions since the
+        last such cut."""
         envs_count = action_log.shape[1] if action_log.ndim > 1 else 1
         if self.args.resume_fresh_envs:
             dropped = int(np.count_nonzero(stats.lengths))
             self.writer.add_scalar("charts/games_dropped_at_resume", dropped, self.checkpoint["global_step"])
             print(
-                f"resume: fresh environments ({action_log.size} logged agent steps not replayed); "
+                f"resume: fresh environments (no fast-forward through the {action_log.size} logged agent steps); "
                 f"{dropped} games in progress dropped"
             )
             return environments.FirstStepIsReset(envs), obs
@@ -210,7 +211,7 @@ class Run:
         if start_row > 0:  # envs started fresh at that step, whose first step was a reset step
             envs, action_log = environments.FirstStepIsReset(envs), action_log[start_row:]
         self.signals.replaying = True
-        environments.replay_actions(envs, action_log, obs, action_dtype)
+        environments.fast_forward_envs(envs, action_log, obs, action_dtype)
         self.signals.replaying = False
         return envs, obs
 

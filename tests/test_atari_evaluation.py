@@ -160,3 +160,17 @@ def test_eval_epsilon_reaches_the_policy(monkeypatch, tmp_path):
     args = eval_args(dqn_dueling_per, eval_epsilon=1.0, eval_episodes=1)
     assert len(dqn_dueling_per.evaluate(str(tmp_path / "model.pt"), args, torch.device("cpu"))) == 1
     assert pools[0].actions == {0, 1, 2, 3}
+
+
+def test_a_video_evaluation_on_ale_py_says_so_in_one_line(tmp_path, capsys):
+    """An Atari video is played on ale-py, not envpool, so its scores can differ: the console says so once; the
+    gymnasium envs of other ids (the ones their scripts train on) print nothing."""
+    for name in ("ale_py", "moviepy", "cv2"):
+        pytest.importorskip(name, reason="the video extra (pip install -e '.[video]')")
+    from cleanrl_q_utils import environments
+
+    environments.make_video_env("Breakout-v5", str(tmp_path / "atari"), max_episode_steps=27_000).close()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "ale-py" in lines[0] and "ALE/Breakout-v5" in lines[0] and "envpool" in lines[0]
+    environments.make_video_env("CartPole-v1", str(tmp_path / "cartpole")).close()
+    assert capsys.readouterr().out == ""

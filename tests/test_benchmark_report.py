@@ -283,7 +283,9 @@ def test_report_of_a_real_sweep_counts_suffixed_runs_and_names_what_it_leaves_ou
     assert report.main(argv) == 0
     captured = capsys.readouterr()
     markdown = (out / "sweep.md").read_text()
-    assert captured.out.strip() == markdown.strip()
+    console = captured.out.splitlines()
+    assert console[0] == f"report.py: 2 runs reported; writing {out / 'sweep.md'}"  # where, before anything else
+    assert markdown.split("Left out")[0].strip() in captured.out  # the tables, as written
     # seeds 1 and 2 (its folder suffixed _2); each run's final score is the return(100) the script printed at its end
     runs, _ = report.select_runs([runs_dir], ["pqn"], ["CartPole-v1"], [1, 2, 3], 8192)
     assert sorted(run.path for run in runs) == sorted([folders["newer"], folders["suffixed"]])
@@ -294,10 +296,13 @@ def test_report_of_a_real_sweep_counts_suffixed_runs_and_names_what_it_leaves_ou
     cell_mean, cell_std = (float(x) for x in row.split("|")[2].split("±"))
     assert cell_mean == pytest.approx(mean, abs=0.011) and cell_std == pytest.approx(std, abs=0.011)
     assert "| CartPole-v1 | 2 (1, 2); 8," in markdown
-    # every other run found is named with why, in the written report and on stdout; stderr only counts them
+    # every other run found is named with why in the written report; stdout and stderr only count them, in one line each
     assert "Left out: 3 runs found under --runs-dir but not of this report." in markdown
     for path, why in left_out.items():
-        assert f"- `{path}`: {why}" in markdown
+        assert f"- `{path}`: {why}" in markdown and str(path) not in captured.out
+    assert [line for line in console if "left out" in line.lower()] == [
+        f"Left out: 3 runs found under --runs-dir but not of this report, listed in `{out / 'sweep.md'}`"
+    ]
     assert "warning: 3 runs found under --runs-dir left out (not of this sweep): listed in the report" in captured.err
 
 

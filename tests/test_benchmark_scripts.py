@@ -99,3 +99,33 @@ def test_the_docs_launch_commands_run_as_written(command, tmp_path):
     result = bash(command)
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"--env-id \S+ --seed \d+", result.stdout), result.stdout
+
+
+def planned_runs(stdout: str) -> set[tuple[str, str, str]]:
+    """(game, run name, seed) of each command a dry run prints: --exp-name where given, else the script's own name
+    (cleanrl/<name>.py's default; sb3_<algo> for benchmark/sb3_baselines.py)."""
+    runs = set()
+    for line in stdout.splitlines():
+        if not line.startswith("WANDB_RUN_GROUP="):
+            continue
+        words = line.split()
+        flag = {name: words[i + 1] for i, name in enumerate(words[:-1]) if name.startswith("--")}
+        script = next(Path(word).stem for word in words if word.endswith(".py"))
+        name = flag.get("--exp-name", f"sb3_{flag['--algo']}" if script == "sb3_baselines" else script)
+        runs.add((flag["--env-id"].replace("/", "-"), name, flag["--seed"]))
+    return runs
+
+
+def test_minatar_sh_runs_under_the_names_of_the_kept_records_and_reports_them():
+    """A rerun of benchmark/minatar.sh reproduces the kept MinAtar records: each run it plans has a record of the same
+    game, run name and seed in benchmark/episodes/minatar, and its report asks for exactly the names of its runs."""
+    result = bash("bash benchmark/minatar.sh", DRY_RUN="1")
+    assert result.returncode == 0, result.stderr
+    planned = planned_runs(result.stdout)
+    records = {
+        tuple(path.name.split("__")[:3]) for path in (REPO / "benchmark" / "episodes" / "minatar").glob("*.episodes.csv.gz")
+    }
+    assert planned and planned <= records, sorted(planned - records)
+    (report,) = [line for line in result.stdout.splitlines() if "benchmark/report.py" in line]
+    asked = report.split("--exp-names ")[1].split(" --")[0].split()
+    assert sorted(asked) == sorted({name for _, name, _ in planned})

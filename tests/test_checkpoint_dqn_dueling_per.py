@@ -73,7 +73,7 @@ def test_resume_without_replay_refills_the_buffer_and_finishes(tmp_path, monkeyp
     # Resumed at step 400 with an empty buffer: one update per iteration only after step 400 + 200.
     assert len(updates) == (2000 - 600) // 4
     out = capsys.readouterr().out
-    assert "replaying 400 logged agent steps (100 steps of 4 envs)" in out
+    assert "through 400 logged agent steps (100 steps of 4 envs)" in out
     final = read_checkpoint(path)
     assert final["global_step"] == 2000 and final["args"]["gamma"] == 0.99
     assert len(scores) == len(final["state"]["stats"]["scores"]) > 0
@@ -104,7 +104,7 @@ def test_diverged_environment_replay_is_refused(tmp_path, monkeypatch):
     checkpoint["state"]["action_log"][5] = 1 - checkpoint["state"]["action_log"][5]  # a different past
     checkpoint["digest"] = content_digest({key: value for key, value in checkpoint.items() if key != "digest"})
     torch.save(to_safe(checkpoint), path)
-    with pytest.raises(SystemExit, match="environment replay diverged"):
+    with pytest.raises(SystemExit, match="fast-forward through the logged actions diverged"):
         main(Args(resume=path))
 
 

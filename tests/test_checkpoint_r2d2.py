@@ -78,7 +78,7 @@ def test_resume_without_replay_collects_before_learning(tmp_path, monkeypatch, c
         r2d2.main(r2d2.Args(resume=str(checkpoint_of()), checkpoint_every=1000, cuda=False, buffer_size=123))
     scores = r2d2.main(r2d2.Args(resume=str(checkpoint_of()), checkpoint_every=1000, cuda=False))
     out = capsys.readouterr().out
-    assert "replaying 600 logged agent steps (150 steps of 4 envs)" in out
+    assert "through 600 logged agent steps (150 steps of 4 envs)" in out
     final = read_checkpoint(checkpoint_of())
     assert final["global_step"] == 2000 and final["state"]["learn_from"] == 600 + 300
     assert final["state"]["updates"] > updates_at_stop and all(np.isfinite(scores))

@@ -178,3 +178,69 @@ def test_flags_still_parse_with_tyro(script):
     args = tyro.cli(args_class, args=["--seed", "7", "--no-cuda", "--gamma", "0.9", "--exp-name", "x"])
     assert (args.seed, args.cuda, args.gamma, args.exp_name) == (7, False, 0.9, "x")
     assert tyro.cli(args_class, args=[]) == args_class()
+
+
+def help_of(script: str, tmp_path) -> str:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", COLUMNS="100")
+    path = str(REPO / "cleanrl" / f"{script}.py")
+    result = subprocess.run([sys.executable, path, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def values_in_help(text: str, label: str) -> dict[str, str]:
+    """--flag -> the value that `label` ('MinAtar ids') shows in the flag's line: `(default: X; MinAtar ids: Y)`."""
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("  --") and f"; {label}: " in line:
+            found[line.split()[0]] = line.split(f"; {label}: ")[1].split(";")[0].rstrip(")")
+    return found
+
+
+def changed_flags(before, after) -> dict[str, str]:
+    return {
+        "--" + field.name.replace("_", "-"): str(getattr(after, field.name))
+        for field in dataclasses.fields(before)
+        if field.name != "env_id" and getattr(after, field.name) != getattr(before, field.name)
+    }
+
+
+MINATAR_SCRIPTS = [script for script in SCRIPTS if hasattr(import_script(script), "MINATAR_DEFAULTS")]
+
+
+@pytest.mark.parametrize("script", MINATAR_SCRIPTS)
+def test_help_shows_the_values_a_minatar_id_brings(script, tmp_path, monkeypatch):
+    """What the help says a MinAtar id brings is what a run with that id gets (minatar.with_defaults, no flag given)."""
+    from cleanrl_q_utils import minatar
+
+    module = import_script(script)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py"])
+    default = module.Args(env_id="MinAtar/Breakout-v0")
+    brought = changed_flags(default, minatar.with_defaults(default, module.MINATAR_DEFAULTS))
+    text = help_of(script, tmp_path)
+    assert brought and values_in_help(text, "MinAtar ids") == brought
+    assert f"the {len(brought)} flags marked 'MinAtar ids: VALUE'" in " ".join(text.split())
+    if not hasattr(module, "ATARI_DEFAULTS"):
+        assert "Atari ids" not in text
+
+
+def test_help_shows_the_values_an_atari_id_brings_to_the_dueling_dqn(tmp_path, monkeypatch):
+    module = import_script("dqn_dueling_per")
+    monkeypatch.setattr(sys, "argv", ["dqn_dueling_per.py"])
+    default = module.Args(env_id="Breakout-v5")
+    brought = changed_flags(default, module.with_atari_defaults(default))
+    text = help_of("dqn_dueling_per", tmp_path)
+    assert brought and values_in_help(text, "Atari ids") == brought
+    assert values_in_help(text, "MinAtar ids")  # both configurations, each in its own place on a flag's line
+
+
+def test_pqn_help_marks_the_six_flags_a_minatar_id_changes(tmp_path):
+    marked = values_in_help(help_of("pqn", tmp_path), "MinAtar ids")
+    assert sorted(marked) == sorted(
+        ["--total-timesteps", "--num-steps", "--num-minibatches", "--update-epochs", "--exploration-fraction", "--end-e"]
+    )
+
+
+def test_a_script_without_another_configuration_marks_no_flag(tmp_path):
+    text = help_of("pqn_atari_envpool", tmp_path)
+    assert "ids:" not in text and "configuration of their own" not in text

@@ -39,7 +39,7 @@ def interrupt_then_resume_fresh(module, monkeypatch, capsys, flags: dict, k: int
     after, out = read_checkpoint(path), capsys.readouterr().out
     assert after["global_step"] == flags["total_timesteps"]
     assert after["args"]["resume_fresh_envs"] and after["envs_start"] == before["global_step"]  # where the new games began
-    assert "resume: fresh environments" in out and "replaying" not in out
+    assert "resume: fresh environments" in out and "fast-forwarding" not in out
     # No logged action was stepped again: the envs took the resumed run's steps, less the first (an emulated reset).
     assert len(steps) == (flags["total_timesteps"] - before["global_step"]) // flags["num_envs"] - 1
     return before["state"], after["state"]
@@ -156,7 +156,7 @@ def test_an_exact_resume_after_a_fresh_one_replays_only_the_steps_since_the_cut(
             assert 0 < cut < stop < 1024
             capsys.readouterr()
             pqn.main(pqn.Args(resume=str(path), cuda=False))
-            assert f"replaying {stop - cut} logged agent steps" in capsys.readouterr().out
+            assert f"through {stop - cut} logged agent steps" in capsys.readouterr().out
         assert read_checkpoint(path)["global_step"] == 1024
         weights.append(read_checkpoint(path)["state"]["q_network"])
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])

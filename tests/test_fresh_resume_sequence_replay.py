@@ -25,7 +25,7 @@ def interrupted_then_resumed_fresh(module, flags, interrupt_at, monkeypatch, cap
     capsys.readouterr()
     module.main(module.Args(resume=path, resume_fresh_envs=True, cuda=False))
     out = capsys.readouterr().out
-    assert "resume: fresh environments" in out and "replaying" not in out  # no logged action was stepped
+    assert "resume: fresh environments" in out and "fast-forwarding" not in out  # no logged action was stepped
     final = read_checkpoint(path)
     assert final["global_step"] == flags["total_timesteps"]
     return cut, final

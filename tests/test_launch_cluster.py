@@ -120,8 +120,8 @@ def test_ray_runs_reproduce_local_runs(ray_cluster, reference, tmp_path):
 @pytest.mark.parametrize("killed, exact", [("run", True), ("worker", False)])
 def test_ray_resumes_a_killed_run_from_its_checkpoint(killed, exact, ray_cluster, reference, tmp_path):
     """SIGKILL of the run (the launcher's task retries it) or of the Ray worker running it (Ray retries the task): the
-    retry resumes the checkpoint. Resumed by replaying the logged actions (--resume-args=), it ends with the weights
-    and returns of the uninterrupted run; by default the cluster backends resume with fresh games."""
+    retry resumes the checkpoint. Resumed by fast-forwarding through the logged actions (--resume-args=), it ends with
+    the weights and returns of the uninterrupted run; by default the cluster backends resume with fresh games."""
     reference_dir, reference_rows = reference
     (address, env) = ray_cluster
     args = ["--backend", "ray", "--ray-address", address, "--env-ids", "CartPole-v1", "--seeds", "1"]
@@ -135,11 +135,11 @@ def test_ray_resumes_a_killed_run_from_its_checkpoint(killed, exact, ray_cluster
     assert "resume: continuing" in log and "finished step 16384/16384" in log
     assert len(list((workdir / "runs").iterdir())) == 1
     if exact:
-        assert "resume: replaying" in log
+        assert "resume: fast-forwarding" in log
         assert summary(result.stdout) == {("CartPole-v1", "1"): reference_rows[("CartPole-v1", "1")]}
         assert_same_weights(workdir, reference_dir / "CartPole-v1__1")
     else:
-        assert "resume: fresh environments" in log and "resume: replaying" not in log
+        assert "resume: fresh environments" in log and "resume: fast-forwarding" not in log
 
 
 @needs_ray

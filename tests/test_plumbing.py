@@ -544,7 +544,7 @@ def fast_forward(run, envs, log, obs, stats=None):
     return run.fast_forward(envs, log, obs, stats or EpisodeStats(2))
 
 
-def test_fast_forward_replays_the_logged_actions_and_detects_divergence():
+def test_fast_forward_steps_through_the_logged_actions_and_detects_divergence():
     log = np.array([[1, 2], [3, 4]], dtype=np.uint8)
     with start() as run:
         envs = CountingEnvs()
@@ -569,7 +569,8 @@ def test_a_fresh_resume_steps_nothing_counts_the_dropped_games_and_leaves_the_sc
         stats.drop_games_in_progress()
         assert not stats.returns.any() and not stats.lengths.any() and stats.scores == []
         assert (
-            "fresh environments (40 logged agent steps not replayed); 1 games in progress dropped" in capsys.readouterr().out
+            "fresh environments (no fast-forward through the 40 logged agent steps); 1 games in progress dropped"
+            in capsys.readouterr().out
         )
         first = envs.step(np.array([3, 3]))  # envpool's reset step: actions ignored, a new game's first observation
         assert list(first[0]) == [100, 100] and not first[1].any() and not (first[2] | first[3]).any() and "lives" in first[4]
@@ -584,7 +585,7 @@ def test_a_fresh_resume_steps_nothing_counts_the_dropped_games_and_leaves_the_sc
         log[20:] = 1  # rows 0-19: before the cut (not replayed); row 20: the reset step; rows 21-29: nine real steps
         envs, obs = fast_forward(again, CountingEnvs(), log, np.array([109, 109]))
         assert envs.envs.steps == 9 and envs.envs.resets == 1
-    assert "replaying 20 logged agent steps (10 steps of 2 envs)" in capsys.readouterr().out
+    assert "through 20 logged agent steps (10 steps of 2 envs)" in capsys.readouterr().out
 
 
 def test_a_signal_during_the_fast_forward_exits_at_once():
@@ -634,7 +635,7 @@ def test_a_model_file_and_a_checkpoint_are_not_taken_for_each_other(tmp_path):
         resume(Args(resume=path), SCRIPT, FORMAT)
 
 
-def test_a_long_replay_says_how_long_it_takes_and_shows_its_progress(monkeypatch, capsys):
+def test_a_long_fast_forward_says_how_long_it_takes_and_shows_its_progress(monkeypatch, capsys):
     from cleanrl_q_utils import environments
 
     log = np.ones((200, 2), dtype=np.uint8)
@@ -648,13 +649,13 @@ def test_a_long_replay_says_how_long_it_takes_and_shows_its_progress(monkeypatch
         monkeypatch.setattr(environments.time, "time", tick)
         fast_forward(run, CountingEnvs(), log, np.array([200, 200]))
         monkeypatch.undo()
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("resume: replay")]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("resume: fast-forward")]
     assert lines[0] == (
-        "resume: replaying 400 logged agent steps (200 steps of 2 envs) to rebuild the environments (a checkpoint "
-        "holds no game state; --resume-fresh-envs skips this)"
+        "resume: fast-forwarding the environments through 400 logged agent steps (200 steps of 2 envs) to rebuild "
+        "their games (a checkpoint holds no game state; --resume-fresh-envs skips this)"
     )
-    assert re.fullmatch(r"resume: replayed \d+/400 agent steps \(\d+%\), 00:0\d:\d\d left", lines[1]) and len(lines) > 4
-    assert lines[-1].startswith("resume: replay done in 00:0")
+    assert re.fullmatch(r"resume: fast-forwarded \d+/400 agent steps \(\d+%\), 00:0\d:\d\d left", lines[1]) and len(lines) > 4
+    assert lines[-1].startswith("resume: fast-forward done in 00:0")
 
 
 def test_a_learning_rate_given_on_resume_is_the_one_the_restored_optimizer_steps_with(monkeypatch):

@@ -99,7 +99,7 @@ def test_resume_without_the_replay_says_so_and_counts_the_replayed_agent_steps(c
     capsys.readouterr()
     iqn.main(iqn.Args(resume=path))  # the checkpoint's flags, 400 steps: a finished run
     out = capsys.readouterr().out
-    assert "resume: replaying 400 logged agent steps (200 steps of 2 envs)" in out
+    assert "resume: fast-forwarding the environments through 400 logged agent steps (200 steps of 2 envs)" in out
     assert "resume: the replay was not saved (--checkpoint-replay was off): it refills from empty, and learning " in out
     assert "resumes at step 600" in out  # 400 + --learning-starts 200
 
