@@ -218,9 +218,8 @@ def format_bytes(size: int) -> str:
 def memory_line(memory: list[tuple[str, list[tuple[str, int]], int]]) -> str:
     """What a run will take, from what flag_checks.check_run_memory checked: the total of each place (the RAM, and the
     GPU's for a run there) with its three largest shares (those of at least a hundredth of it), against what is
-    available there.
-    numpy and torch take the memory as it is first written, so a run that grows into too much fails hours later;
-    said at the start, a user sees it before that."""
+    available there. numpy and torch take memory as it is first written, so a run grows into its replay over hours;
+    said at the start, a user sees at once what it will come to (Python, torch and envpool themselves not counted)."""
     places = []
     for where, needs, available in memory:
         total = sum(size for _, size in needs)

@@ -99,8 +99,9 @@ class Run:
 
     def progress(self, start_step: int, updates_per_step: float = 0.0) -> episode_scores.Progress:
         """The progress line of this run, its time left measured from the step learning (re)starts at (with
-        `updates_per_step`: from the acting time per step and the time per update, see `Progress`); Atari on a CPU
-        warns with the first estimate if the run would take over a day more."""
+        `updates_per_step`: from the acting time per step and the time per update, see `Progress`), and until then the
+        warm-up's end and a lower bound of the run; Atari on a CPU warns with the first estimate or bound if the run
+        would take over a day more."""
         slow = self.device.type == "cpu" and self.args.env_id.endswith("-v5")
         learning_starts = self.learning_resumes_at or getattr(self.args, "learning_starts", 0)
         hint = run_folder.slow_hint(self.script) if slow else None
