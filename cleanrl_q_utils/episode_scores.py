@@ -63,8 +63,8 @@ class Progress:
     estimate. A script whose updates are few and long (one per hundreds or thousands of agent steps, and only once
     whole sequences are stored) gives `updates_per_step` and its update count to `print`: the time left is then the
     remaining steps at the measured acting time per step plus the remaining updates at the measured time per update,
-    known from the first update on. `slow_hint`, when given, is printed once, with the first estimate or bound, if the
-    run would take over a day more."""
+    known from the first update on. `slow_hint`, when given, is printed once: with the first bound or estimate that
+    says the run takes over a day more, else never."""
 
     def __init__(
         self,
