@@ -5,9 +5,11 @@ and compares the estimate printed at 5%, 25% and 50% of the run with the time th
     python benchmark/eta_accuracy.py r2d2_atari --env-id Breakout-v5 --total-timesteps 4000 --learning-starts 80 \
         --buffer-size 4000 --num-envs 4 --burn-in 10 --seq-len 20 --sequence-period 10 --batch-size 8 --lstm-size 64
 
-Prints one markdown row: script and flags, steps, wall time of the training loop, and at each point the estimate
-against the truth (positive: the estimate was too long), with the percent of the run it was printed at when the
-first estimate came later than the point (a recurrent script estimates from its first update on).
+Prints one markdown row: script and flags, steps, wall time of the training loop, the warm-up's time left said by the
+first progress line against the time learning really started, and at each point the estimate against the truth
+(positive: the estimate was too long); a point before the first estimate shows the lower bound the line gave instead
+("at least", which leaves out the updates), and a first estimate later than the point says at which percent of the
+run it came.
 docs/get-started/basic-usage.md shows the table.
 """
 
@@ -20,11 +22,14 @@ from cleanrl_q_utils import episode_scores
 POINTS = (0.05, 0.25, 0.5)
 
 
-def measure(script: str, flags: list[str]) -> tuple[list[tuple[float, int, float | None]], float, int]:
-    """(time, step, estimated seconds left) of every progress line, the time the run ended, its total steps."""
+def measure(script: str, flags: list[str]) -> dict:
+    """What the progress lines of one run said and what happened: (time, step, estimated seconds left, lower bound
+    of them) of every line, the time the run ended and its total steps, the warm-up's time left said by the first
+    line that said it (with that line's time) and the time the run reached the step learning starts at."""
     import tyro
 
-    lines, print_line, init = [], episode_scores.Progress.print, episode_scores.Progress.__init__
+    run = dict(lines=[], warm_up_said=None, learning_started=None)
+    print_line, init = episode_scores.Progress.print, episode_scores.Progress.__init__
 
     def every_second(self, *args, **kwargs):
         init(self, *args, **kwargs)
@@ -33,27 +38,48 @@ def measure(script: str, flags: list[str]) -> tuple[list[tuple[float, int, float
     def recorded(self, global_step, recent_scores, force=False, updates=None):
         before = self.last_print
         print_line(self, global_step, recent_scores, force, updates)
+        now = time.time()
+        if run["learning_started"] is None and global_step >= self.learning_starts:
+            run["learning_started"] = now
         if self.last_print != before:
-            lines.append((time.time(), global_step, self.time_left(global_step), self.total))
+            left, bound = self.time_left(global_step), self.at_least(global_step)
+            run["lines"].append((now, global_step, left, bound))
+            run["total"] = self.total
+            warm_up = self.warm_up_left(global_step)
+            if run["warm_up_said"] is None and warm_up is not None and global_step < self.learning_starts:
+                run["warm_up_said"] = (now, warm_up)
 
     episode_scores.Progress.__init__, episode_scores.Progress.print = every_second, recorded
     module = importlib.import_module(f"cleanrl.{script}")
     sys.argv = [f"{script}.py", *flags]
     module.main(tyro.cli(module.Args))
-    return [(when, step, left) for when, step, left, _ in lines], time.time(), lines[-1][3]
+    run["end"] = time.time()
+    return run
+
+
+def against_truth(said: float, truth: float) -> str:
+    return f"{said:.0f} s / {truth:.0f} s ({100 * (said - truth) / truth:+.0f}%)"
 
 
 def row(script: str, flags: list[str]) -> str:
-    lines, end, total = measure(script, flags)
-    cells = []
+    """The markdown row of one run: its warm-up's length as the first line said it against the truth, then at each
+    point of POINTS the first line's estimate (or, before one, its lower bound: "at least") against the time left."""
+    run = measure(script, flags)
+    lines, end, total = run["lines"], run["end"], run["total"]
+    if run["warm_up_said"] and run["learning_started"]:
+        when, said = run["warm_up_said"]
+        cells = [against_truth(said, run["learning_started"] - when)]
+    else:
+        cells = ["no warm-up line"]
     for point in POINTS:
-        first = next(((when, left, step) for when, step, left in lines if step >= point * total and left is not None), None)
+        first = next((line for line in lines if line[1] >= point * total and (line[2] or line[3]) is not None), None)
         if first is None:
             cells.append("no estimate")
             continue
-        truth = end - first[0]
-        late = f" at {100 * first[2] / total:.0f}%" if first[2] > (point + 0.02) * total else ""  # first estimate later
-        cells.append(f"{first[1]:.0f} s / {truth:.0f} s ({100 * (first[1] - truth) / truth:+.0f}%){late}")
+        when, step, left, bound = first
+        late = f" at {100 * step / total:.0f}%" if step > (point + 0.02) * total else ""  # the first estimate came later
+        said = against_truth(left, end - when) if left is not None else "at least " + against_truth(bound, end - when)
+        cells.append(said + late)
     return f"| `{script}.py {' '.join(flags)}` | {total:,} | {end - lines[0][0]:.0f} s | " + " | ".join(cells) + " |"
 
 

@@ -177,7 +177,7 @@ def is_atari(env_id: str) -> bool:
     return env_id.endswith("-v5")  # envpool's Atari ids
 
 
-def validate_args(args: Args) -> None:
+def validate_args(args: Args) -> list:
     flag_checks.check_common_flags(args)
     # The buffer must hold a batch, and the first n-step window of every env.
     minimum = max(args.batch_size, args.num_envs * args.n_step)
@@ -203,7 +203,7 @@ def validate_args(args: Args) -> None:
     )
     spec = flag_checks.check_env_id(args.env_id)
     # numpy allocates lazily, so an oversized buffer would only fail (or start swapping) hours into the run.
-    flag_checks.check_run_memory(args, memory_needs(args, spec.observation_space.shape, spec.action_space.n))
+    return flag_checks.check_run_memory(args, memory_needs(args, spec.observation_space.shape, spec.action_space.n))
 
 
 def network_sizes(args: Args, obs_shape: tuple, num_actions: int) -> tuple[int, int]:
@@ -593,12 +593,12 @@ def main(args: Args) -> list[float]:
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
-    validate_args(args)
+    memory = validate_args(args)  # the memory the run will take, said in the start-up block
     args = flag_checks.whole_iterations(args)
     # A small MLP only pays synchronization for intra-op threads; one thread also frees results from the core count.
     atari = is_atari(args.env_id)
     cpu_threads = None if atari else 1
-    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads) as run:
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads, memory=memory) as run:
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
         obs_dtype = buffer_obs_dtype(obs_shape)

@@ -139,7 +139,7 @@ MINATAR_DEFAULTS = dict(
 )
 
 
-def validate_args(args: Args) -> None:
+def validate_args(args: Args) -> list:
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=False)
     if args.exploration_fraction == 0:  # `linear_schedule` divides by the decay's length
@@ -149,7 +149,7 @@ def validate_args(args: Args) -> None:
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 4):
         needs = f"must hold --learning-starts={args.learning_starts} steps and at least 4 steps per environment"
         flag_checks.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
-    flag_checks.check_run_memory(args, memory_needs(args, spec.observation_space.shape, spec.action_space.n))
+    return flag_checks.check_run_memory(args, memory_needs(args, spec.observation_space.shape, spec.action_space.n))
 
 
 def network_sizes(args: Args, obs_shape: tuple, num_actions: int) -> tuple[int, int, int]:
@@ -395,10 +395,10 @@ def main(args: Args) -> list[float]:
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
-    validate_args(args)
+    memory = validate_args(args)  # the memory the run will take, said in the start-up block
     args = flag_checks.whole_iterations(args)
     # cpu_threads=1: a network this small only pays synchronization for threads
-    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1, memory=memory) as run:
         device = run.device
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         num_actions, obs_shape = envs.single_action_space.n, envs.single_observation_space.shape

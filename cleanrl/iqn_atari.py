@@ -111,7 +111,7 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-def validate_args(args: Args) -> None:
+def validate_args(args: Args) -> list:
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=True)
     if args.exploration_fraction == 0:  # `linear_schedule` divides by the decay's length
@@ -121,7 +121,7 @@ def validate_args(args: Args) -> None:
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 2 * STACK_NUM + 2):
         needs = f"must hold --learning-starts={args.learning_starts} steps and at least {2 * STACK_NUM + 2} per environment"
         flag_checks.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
-    flag_checks.check_run_memory(args, memory_needs(args, (STACK_NUM, 84, 84), spec.action_space.n))
+    return flag_checks.check_run_memory(args, memory_needs(args, (STACK_NUM, 84, 84), spec.action_space.n))
 
 
 def network_sizes(args: Args, obs_shape: tuple, num_actions: int) -> tuple[int, int, int]:
@@ -396,9 +396,9 @@ def main(args: Args) -> list[float]:
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
-    validate_args(args)
+    memory = validate_args(args)  # the memory the run will take, said in the start-up block
     args = flag_checks.whole_iterations(args)
-    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, memory=memory) as run:
         device = run.device
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         num_actions, frame_shape = envs.single_action_space.n, envs.single_observation_space.shape[1:]

@@ -143,11 +143,11 @@ def memory_needs(args: Args, obs_shape: tuple, num_actions: int) -> list:
     return needs + [rollout, ("an update's activations", update, ("num_envs", "num_steps", "num_minibatches"))]
 
 
-def validate_args(args: Args) -> None:
+def validate_args(args: Args) -> list:
     """Stops with one clear message on flags that cannot work, before anything is built."""
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=False)
-    flag_checks.check_run_memory(args, memory_needs(args, spec.observation_space.shape, spec.action_space.n))
+    memory = flag_checks.check_run_memory(args, memory_needs(args, spec.observation_space.shape, spec.action_space.n))
     batch_size = args.num_envs * args.num_steps
     batch = f"num_envs * num_steps = {batch_size}"
     flag_checks.check_flags(
@@ -157,6 +157,7 @@ def validate_args(args: Args) -> None:
             ("exploration_fraction", args.exploration_fraction, args.exploration_fraction > 0, "must be in (0, 1]"),
         ]
     )
+    return memory
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
@@ -282,14 +283,14 @@ def main(args: Args) -> list[float]:
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
-    validate_args(args)
+    memory = validate_args(args)  # the memory the run will take, said in the start-up block
     args = flag_checks.whole_iterations(args)
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     epsilon_duration = args.exploration_fraction * args.total_timesteps
     rollout_steps = args.num_envs * np.arange(1, args.num_steps + 1)  # agent steps into a rollout after each of its steps
     # cpu_threads=1: a network this small gains nothing from intra-op threads; they only add synchronization per call.
-    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1, memory=memory) as run:
         device = run.device
         to_device = functools.partial(torch.as_tensor, device=device)  # numpy arrays to the run's device
         envs = make_env(args.env_id, args.num_envs, run.env_seed)

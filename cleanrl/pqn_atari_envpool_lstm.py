@@ -184,12 +184,12 @@ def memory_needs(args: Args, obs_shape: tuple, obs_dtype, num_actions: int) -> l
     return needs + [rollout, ("an update's activations", update, ("num_envs", "num_steps", "num_minibatches"))]
 
 
-def validate_args(args: Args) -> None:
+def validate_args(args: Args) -> list:
     """Stops with one clear message on flags that cannot work, before anything is built."""
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=True)
     needs = memory_needs(args, spec.observation_space.shape, spec.observation_space.dtype, spec.action_space.n)
-    flag_checks.check_run_memory(args, needs)
+    memory = flag_checks.check_run_memory(args, needs)
     batch_size = args.num_envs * args.num_steps
     batch = f"num_envs * num_steps = {batch_size}"
     flag_checks.check_flags(
@@ -206,6 +206,7 @@ def validate_args(args: Args) -> None:
             ("conv_layer_norm", args.conv_layer_norm, args.conv_layer_norm in LAYER_NORMS, "feature_map or channels"),
         ]
     )
+    return memory
 
 
 def make_env(env_id: str, num_envs: int, seed: int):
@@ -391,13 +392,13 @@ def main(args: Args) -> list[float]:
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
-    validate_args(args)
+    memory = validate_args(args)  # the memory the run will take, said in the start-up block
     args = flag_checks.whole_iterations(args)
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
     epsilon_duration = args.exploration_fraction * args.total_timesteps
     rollout_steps = args.num_envs * np.arange(1, args.num_steps + 1)  # agent steps into a rollout after each of its steps
-    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, memory=memory) as run:
         if config_line(args):  # the last line of the start-up block
             print(config_line(args))
         device = run.device

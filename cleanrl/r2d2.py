@@ -150,7 +150,7 @@ MINATAR_DEFAULTS = dict(
 )
 
 
-def validate_args(args: Args) -> None:
+def validate_args(args: Args) -> list:
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=False)
     min_buffer, period = args.num_envs * 2 * (args.burn_in + args.seq_len + args.n_step), args.sequence_period
@@ -163,7 +163,7 @@ def validate_args(args: Args) -> None:
     ]
     flag_checks.check_flags(checks)
     obs_shape = observe(np.zeros((1, *spec.observation_space.shape)), args.mask_velocity).shape[1:]
-    flag_checks.check_run_memory(args, memory_needs(args, obs_shape, spec.action_space.n, spec.observation_space.dtype))
+    return flag_checks.check_run_memory(args, memory_needs(args, obs_shape, spec.action_space.n, spec.observation_space.dtype))
 
 
 def network_sizes(args: Args, obs_shape: tuple, num_actions: int) -> tuple[int, int]:
@@ -485,9 +485,9 @@ def main(args: Args) -> list[float]:
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
-    validate_args(args)
+    memory = validate_args(args)  # the memory the run will take, said in the start-up block
     args = flag_checks.whole_iterations(args)
-    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1, memory=memory) as run:
         rng = np.random.default_rng(args.seed)
         device = run.device
 

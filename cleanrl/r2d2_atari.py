@@ -121,7 +121,7 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-def validate_args(args: Args) -> None:
+def validate_args(args: Args) -> list:
     flag_checks.check_common_flags(args)
     spec, window = flag_checks.check_env_id(args.env_id, atari=True), args.burn_in + args.seq_len + args.n_step
     min_buffer, period = args.num_envs * (window + max(window, args.sequence_period + args.frame_stack)), args.sequence_period
@@ -133,7 +133,7 @@ def validate_args(args: Args) -> None:
     ]
     flag_checks.check_flags(checks)
     frame_shape = spec.observation_space.shape[1:]  # the spec's is a stack of frames
-    flag_checks.check_run_memory(args, memory_needs(args, (args.frame_stack, *frame_shape), spec.action_space.n))
+    return flag_checks.check_run_memory(args, memory_needs(args, (args.frame_stack, *frame_shape), spec.action_space.n))
 
 
 def network_sizes(args: Args, obs_shape: tuple, num_actions: int) -> tuple[int, int]:
@@ -458,9 +458,9 @@ def main(args: Args) -> list[float]:
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
-    validate_args(args)
+    memory = validate_args(args)  # the memory the run will take, said in the start-up block
     args = flag_checks.whole_iterations(args)
-    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, memory=memory) as run:
         rng = np.random.default_rng(args.seed)
         device = run.device
 

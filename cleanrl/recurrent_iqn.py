@@ -171,7 +171,7 @@ MINATAR_DEFAULTS = dict(
 )
 
 
-def validate_args(args):
+def validate_args(args) -> list:
     flag_checks.check_common_flags(args)
     if args.lstm_state_merge not in ("step", "sequence"):
         flag_checks.flag_error("lstm_state_merge", args.lstm_state_merge, "step or sequence")
@@ -190,7 +190,7 @@ def validate_args(args):
         rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
         flag_checks.flag_error("buffer_size", args.buffer_size, rule)
     obs_shape = (2,) if args.mask_velocity else space.shape
-    flag_checks.check_run_memory(args, memory_needs(args, obs_shape, spec.action_space.n, space.dtype))
+    return flag_checks.check_run_memory(args, memory_needs(args, obs_shape, spec.action_space.n, space.dtype))
 
 
 def network_sizes(args, obs_shape, num_actions) -> tuple[int, int, int]:
@@ -629,10 +629,10 @@ def main(args: Args) -> list[float]:
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
-    validate_args(args)
+    memory = validate_args(args)  # the memory the run will take, said in the start-up block
     args = flag_checks.whole_iterations(args)
     # cpu_threads=1: a network this small only pays synchronization for threads
-    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1) as run:
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, cpu_threads=1, memory=memory) as run:
         device = run.device
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
 

@@ -145,7 +145,7 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-def validate_args(args):
+def validate_args(args) -> list:
     flag_checks.check_common_flags(args)
     if args.lstm_state_merge not in ("step", "sequence"):
         flag_checks.flag_error("lstm_state_merge", args.lstm_state_merge, "step or sequence")
@@ -161,7 +161,7 @@ def validate_args(args):
         rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
         flag_checks.flag_error("buffer_size", args.buffer_size, rule)
     space = envpool.make_spec(args.env_id, stack_num=1).observation_space  # the spec only: no environment is built
-    flag_checks.check_run_memory(args, memory_needs(args, space.shape, spec.action_space.n, space.dtype))
+    return flag_checks.check_run_memory(args, memory_needs(args, space.shape, spec.action_space.n, space.dtype))
 
 
 def network_sizes(args, obs_shape, num_actions) -> tuple[int, int, int]:
@@ -589,9 +589,9 @@ def main(args: Args) -> list[float]:
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
-    validate_args(args)
+    memory = validate_args(args)  # the memory the run will take, said in the start-up block
     args = flag_checks.whole_iterations(args)
-    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, memory=memory) as run:
         device = run.device
         torch.set_float32_matmul_precision("high")  # TF32 matmuls on GPUs that have them
 

@@ -56,12 +56,15 @@ class EpisodeStats:
 class Progress:
     """The console line of a long run, at most every `interval` seconds: steps, percent done, SPS, recent return and
     time left. The time left comes from the rate since learning started (at `learning_starts`): the steps before it
-    only act and run much faster, so a rate that counted them would promise too little time; until then the line
-    says "warming up". A script whose updates are few and long (one per hundreds or thousands of agent steps, and
-    only once whole sequences are stored) gives `updates_per_step` and its update count to `print`: the time left is
-    then the remaining steps at the measured acting time per step plus the remaining updates at the measured time
-    per update, known from the first update on. `slow_hint`, when given, is printed once, with the first estimate,
-    if the run would take over a day more."""
+    only act and run much faster, so a rate that counted them would promise too little time. Until learning starts
+    the line says when the warm-up ends (its remaining steps at the acting time per step measured so far) and how long
+    the run takes at least: all its remaining steps at that acting time, a bound that leaves out the updates, not yet
+    timed (every step after the warm-up acts and also trains). The bound stays, marked "at least", until the first
+    estimate. A script whose updates are few and long (one per hundreds or thousands of agent steps, and only once
+    whole sequences are stored) gives `updates_per_step` and its update count to `print`: the time left is then the
+    remaining steps at the measured acting time per step plus the remaining updates at the measured time per update,
+    known from the first update on. `slow_hint`, when given, is printed once: with the first bound or estimate that
+    says the run takes over a day more, else never."""
 
     def __init__(
         self,
@@ -78,6 +81,7 @@ class Progress:
         self.updates_per_step, self.last_call = updates_per_step, None  # last_call: (step, updates, time)
         # time spent between calls without an update (acting), and between calls with updates (and their steps)
         self.act_steps = self.act_seconds = self.updates_timed = self.update_seconds = self.update_call_steps = 0
+        self.warm_up = None  # (first step, its time, last step, its time) of the calls before learning starts
 
     def sps(self, global_step: int) -> int:
         return int((global_step - self.start_step) / max(time.time() - self.start_time, 1e-9))
@@ -107,32 +111,67 @@ class Progress:
         steps, seconds = global_step - self.origin[0], time.time() - self.origin[1]
         return (self.total - global_step) * seconds / steps if steps > 0 and seconds > 0 else None
 
+    def acting_seconds_per_step(self) -> Optional[float]:
+        """Seconds per agent step between the calls before learning starts, while the run only acts; None until two
+        such calls, and in a run that starts learning at once (a resume with its replay)."""
+        if self.warm_up is None:
+            return None
+        first_step, first_time, last_step, last_time = self.warm_up
+        steps, seconds = last_step - first_step, last_time - first_time
+        return seconds / steps if steps > 0 and seconds > 0 else None
+
+    def warm_up_left(self, global_step: int) -> Optional[float]:
+        """Seconds until learning starts, at the acting time per step measured so far."""
+        per_step = self.acting_seconds_per_step()
+        return None if per_step is None else max(self.learning_starts - global_step, 0) * per_step
+
+    def at_least(self, global_step: int) -> Optional[float]:
+        """A lower bound of the time left: every remaining step at the warm-up's acting time, no update counted."""
+        per_step = self.acting_seconds_per_step()
+        return None if per_step is None else (self.total - global_step) * per_step
+
     def print(self, global_step: int, recent_scores, force: bool = False, updates: Optional[int] = None) -> None:
+        now = time.time()
         if updates is not None:
-            self.count(global_step, updates, time.time())
+            self.count(global_step, updates, now)
+        self.time_warm_up(global_step, now)
         if self.origin is None and global_step >= self.learning_starts:
-            self.origin = (global_step, time.time())
-        if not force and time.time() - self.last_print < self.interval:
+            self.origin = (global_step, now)
+        if not force and now - self.last_print < self.interval:
             return
-        self.last_print = time.time()
+        self.last_print = now
         sps, mean = self.sps(global_step), np.mean(recent_scores) if len(recent_scores) else float("nan")
-        left = self.time_left(global_step)
+        left, bound = self.time_left(global_step), self.at_least(global_step)
         if global_step >= self.total:
             eta = "done"
         elif left is not None:
             eta = f"ETA {format_duration(left)}"
         elif global_step < self.learning_starts:
-            eta = f"warming up (learning starts at step {self.learning_starts})"
+            warm_up = self.warm_up_left(global_step)
+            ends = f" in {format_duration(warm_up)}" if warm_up is not None else ""
+            eta = f"warming up (learning starts at step {self.learning_starts}{ends})"
+            if bound is not None:
+                eta += f"; ETA at least {format_duration(bound)}, updates not yet timed"
         else:  # learning started; with updates counted, the first update has not yet been timed
             eta = "ETA after the first update" if self.updates_per_step and not self.updates_timed else "ETA measuring"
+            if bound is not None:
+                eta += f" (at least {format_duration(bound)})"
         print(
             f"step {global_step:>9}/{self.total} ({100 * global_step / self.total:5.1f}%) | SPS {sps:>6} | "
             f"return(100) {mean:8.2f} | {eta}"
         )
-        if self.slow_hint and left is not None:
-            if left > 86400:
-                print(
-                    f"warning: at the speed measured since learning began this run takes {format_duration(left)} more; "
-                    f"{self.slow_hint}"
-                )
+        slow = left if left is not None else bound if global_step < self.total else None
+        if self.slow_hint and slow is not None and slow > 86400:
+            speed = "since learning began" if left is not None else "so far, acting alone (no update counted)"
+            more = "takes" if left is not None else "takes at least"
+            print(f"warning: at the speed measured {speed} this run {more} {format_duration(slow)} more; {self.slow_hint}")
             self.slow_hint = None
+        elif left is not None:  # a bound under a day says nothing yet: the hint waits for the estimate
+            self.slow_hint = None
+
+    def time_warm_up(self, global_step: int, now: float) -> None:
+        """Takes the first call as the warm-up's first point and every call up to learning_starts as its last."""
+        if self.warm_up is None and global_step < self.learning_starts:
+            self.warm_up = (global_step, now, global_step, now)
+        elif self.warm_up is not None and global_step <= self.learning_starts:
+            self.warm_up = (*self.warm_up[:2], global_step, now)

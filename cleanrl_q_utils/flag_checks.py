@@ -264,18 +264,22 @@ def conv_parameters(in_channels: int, out_channels: int, kernel: int) -> int:
 DEVICE_NEEDS = ("the network", "the network and its copies", "an update's activations")
 
 
-def check_run_memory(args, needs: list[tuple[str, int, tuple[str, ...]]]) -> None:
+def check_run_memory(args, needs: list[tuple[str, int, tuple[str, ...]]]) -> list[tuple[str, list[tuple[str, int]], int]]:
     """Stops before anything is built when the sum of what the run will allocate does not fit in the available RAM, or
     in the GPU's free memory for what a GPU run holds there (DEVICE_NEEDS). `needs` holds (what, bytes, flags that set
     its size) for each allocation that grows with a flag: the replay or rollout, the networks with their copies, an
-    update's activations, the environments."""
+    update's activations, the environments. Returns what it checked, for the start-up block to say: (where: "" for the
+    RAM, " on the GPU", [(what, bytes)] of the needs there, the bytes available there) of each place."""
     on_gpu = gpu_used(args)
-    refuse_beyond(args, [need for need in needs if not (on_gpu and need[0] in DEVICE_NEEDS)], available_memory_bytes(), "")
+    in_ram = [need for need in needs if not (on_gpu and need[0] in DEVICE_NEEDS)]
+    checked = [("", in_ram, available_memory_bytes())]
     if on_gpu:
         import torch
 
-        on_device = [need for need in needs if need[0] in DEVICE_NEEDS]
-        refuse_beyond(args, on_device, torch.cuda.mem_get_info()[0], " on the GPU")
+        checked.append((" on the GPU", [need for need in needs if need[0] in DEVICE_NEEDS], torch.cuda.mem_get_info()[0]))
+    for where, place_needs, available in checked:
+        refuse_beyond(args, place_needs, available, where)
+    return [(where, [(what, size) for what, size, _ in place_needs], available) for where, place_needs, available in checked]
 
 
 def gpu_used(args) -> bool:

@@ -188,8 +188,11 @@ def open_run_folder(args, checkpoint: Optional[dict]) -> tuple[str, str, bool, i
     return name, folder, created, lock
 
 
-def print_start_block(args, script: str, run_dir: str, checkpoint, device: torch.device, setting: dict) -> None:
-    """The start-up block, printed before anything slow: what runs, where it logs, on what."""
+def print_start_block(
+    args, script: str, run_dir: str, checkpoint, device: torch.device, setting: dict, memory: Optional[list] = None
+) -> None:
+    """The start-up block, printed before anything slow: what runs, where it logs, on what, and with `memory` (what
+    flag_checks.check_run_memory checked) how much memory the run will take."""
     name = os.path.basename(script)
     if checkpoint:
         print(f"{name}: resuming {args.env_id}, seed {args.seed}, at step {checkpoint['global_step']}")
@@ -206,8 +209,33 @@ def print_start_block(args, script: str, run_dir: str, checkpoint, device: torch
         print(f"  model: {run_dir}/{args.exp_name}.cleanrl_model after training, then evaluated{videos}")
     versions = ", ".join(f"{package} {setting[package]}" for package in ("torch", "envpool", "gymnasium"))
     print(f"  device: {setting['device']} | {versions} | git {setting['git']}")
+    if memory:
+        print(f"  memory: {memory_line(memory)}")
     if device.type == "cpu" and args.env_id.endswith("-v5"):
-        print(f"warning: Atari on a CPU is slow (the first progress line, in 10 s, gives the time left); {slow_hint(script)}")
+        soon = "the first progress line, in 10 s, says how long the run takes at least"
+        print(f"warning: Atari on a CPU is slow ({soon}); {slow_hint(script)}")
+
+
+def format_bytes(size: int) -> str:
+    """`7.3 GB`, `52 MB`, `40 kB` (powers of 1,000, as the memory pre-flight's messages)."""
+    if size >= 1e9:
+        return f"{size / 1e9:,.1f} GB"
+    return f"{size / 1e6:,.0f} MB" if size >= 1e6 else f"{size / 1e3:,.0f} kB"
+
+
+def memory_line(memory: list[tuple[str, list[tuple[str, int]], int]]) -> str:
+    """What a run will take, from what flag_checks.check_run_memory checked: the total of each place (the RAM, and the
+    GPU's for a run there) with its three largest shares (those of at least a hundredth of it), against what is
+    available there. numpy and torch take memory as it is first written, so a run grows into its replay over hours;
+    said at the start, a user sees at once what it will come to (Python, torch and envpool themselves not counted)."""
+    places = []
+    for where, needs, available in memory:
+        total = sum(size for _, size in needs)
+        largest = sorted(needs, key=lambda need: -need[1])[:3]
+        shares = [f"{what} {format_bytes(size)}" for what, size in largest if size * 100 >= total]
+        free = "free" if where else "available"
+        places.append(f"about {format_bytes(total)}{where} ({', '.join(shares)}) of {format_bytes(available)} {free}")
+    return "; ".join(places)
 
 
 def slow_hint(script: str) -> str:

@@ -3,8 +3,8 @@
     if args.eval_only:  # --eval-only --model-path: rebuild a saved agent and evaluate it, no training
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)  # --resume: the checkpoint, its flags
-    validate_args(args)  # flag ranges (flag_checks), then the script's own cross-flag rules
-    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT) as run:  # start-up block, logs, signals
+    memory = validate_args(args)  # flag ranges (flag_checks), the script's own cross-flag rules, the memory it needs
+    with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, memory=memory) as run:  # start-up block, logs
         ...build envs, networks, buffers on run.device (the generators are seeded)...
         def checkpoint_state(iterations_done=num_iterations): return learner | actors | logs  # all a resume needs
         if checkpoint:
@@ -49,8 +49,9 @@ class Run:
     model file, the evaluation, the video) it exits at once, the final checkpoint written. Either way the run ends
     with SystemExit(128 + the signal's number), when leaving the block after a stop; `main` called from Python too."""
 
-    def __init__(self, args, checkpoint: Optional[dict], script: str, checkpoint_format: int, cpu_threads=None):
-        self.args, self.checkpoint, self.format = args, checkpoint, checkpoint_format
+    def __init__(self, args, checkpoint: Optional[dict], script: str, checkpoint_format: int, cpu_threads=None, memory=None):
+        """`memory`: what flag_checks.check_run_memory checked (validate_args returns it), said in the start-up block."""
+        self.args, self.checkpoint, self.format, self.memory = args, checkpoint, checkpoint_format, memory
         self.script = os.path.abspath(script)
         self.start_time, self.eval_scores, self.lock, self.writer = time.time(), None, None, None
         self.learning_resumes_at = None  # set by note_empty_replay
@@ -81,7 +82,7 @@ class Run:
     def start_logs(self, checkpoint: Optional[dict]) -> None:
         args = self.args
         setting = {"device": run_folder.describe_device(self.device, args.cuda), **run_folder.software_versions(self.script)}
-        run_folder.print_start_block(args, self.script, self.dir, self.checkpoint, self.device, setting)
+        run_folder.print_start_block(args, self.script, self.dir, self.checkpoint, self.device, setting, self.memory)
         if args.track:
             import wandb
 
@@ -98,8 +99,9 @@ class Run:
 
     def progress(self, start_step: int, updates_per_step: float = 0.0) -> episode_scores.Progress:
         """The progress line of this run, its time left measured from the step learning (re)starts at (with
-        `updates_per_step`: from the acting time per step and the time per update, see `Progress`); Atari on a CPU
-        warns with the first estimate if the run would take over a day more."""
+        `updates_per_step`: from the acting time per step and the time per update, see `Progress`), and until then the
+        warm-up's end and a lower bound of the run; Atari on a CPU warns with the first estimate or bound if the run
+        would take over a day more."""
         slow = self.device.type == "cpu" and self.args.env_id.endswith("-v5")
         learning_starts = self.learning_resumes_at or getattr(self.args, "learning_starts", 0)
         hint = run_folder.slow_hint(self.script) if slow else None

@@ -39,7 +39,8 @@ def test_durations_count_days_and_the_progress_line_says_percent_done(monkeypatc
     now[0] += 100
     progress.print(30_000, [1.0, 3.0])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith("| warming up (learning starts at step 20000)") and lines[1].endswith("| ETA measuring")
+    assert lines[0].endswith("| warming up (learning starts at step 20000)")  # the first call: no acting time yet
+    assert lines[1].endswith("| ETA measuring (at least 13:53:00)")  # 49,980,000 steps at the warm-up's 1 ms: 49,980 s
     assert "step     30000/50000000 (  0.1%)" in lines[2] and "SPS    250" in lines[2] and "return(100)     2.00" in lines[2]
     assert lines[2].endswith("ETA 5 days 18:48:20")  # 49,970,000 steps at the 100 SPS since learning began: 499,700 s
     assert lines[3] == "warning: at the speed measured since learning began this run takes 5 days 18:48:20 more; try the twin"
@@ -58,7 +59,7 @@ def test_few_long_updates_are_timed_apart_from_acting(monkeypatch, capsys):
         progress.print(step, [], updates=updates)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("| warming up (learning starts at step 1000)")
-    assert lines[10].endswith("| ETA after the first update")  # step 1,100: learning started, no update yet
+    assert lines[10].endswith("| ETA after the first update (at least 00:01:38)")  # step 1,100: no update yet
     assert lines[-1].endswith("| ETA 00:14:42")  # 98,000 steps x (1 ms acting + 8 s / 1,000 steps updating): 882 s
     assert progress.time_left(2_000) == pytest.approx(98_000 * (0.001 + 8.0 / 1_000))
 
