@@ -134,12 +134,21 @@ def test_a_decompression_bomb_is_refused_in_one_line_within_small_memory(path, p
 def measured_run(script: str, *flags: str, cwd: Path) -> tuple[int, str, int]:
     """(exit status, stderr, peak resident memory in bytes) of `python cleanrl/<script> FLAGS` in a fresh process."""
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    command = [sys.executable, str(REPO / "cleanrl" / script), *flags]
-    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    stderr = process.stderr.read()
-    _, status, usage = os.wait4(process.pid, 0)  # this child's own peak, unlike RUSAGE_CHILDREN's maximum over all
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return process.returncode, stderr.decode(), usage.ru_maxrss * 1024
+    command = [sys.executable, "-c", PEAK_OF_CHILD, sys.executable, str(REPO / "cleanrl" / script), *flags]
+    done = subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=300)
+    status, peak = done.stdout.decode().split()
+    return int(status), done.stderr.decode(), int(peak)
+
+
+# Linux carries a process's peak memory across fork and exec, so a script started by pytest itself would report at
+# least pytest's own peak (over 1 GiB late in the whole suite). A small Python process starts it instead and prints
+# its exit status and its own peak (wait4: that child's, not the maximum over all children).
+PEAK_OF_CHILD = """
+import os, subprocess, sys
+process = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(process.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024)
+"""
 
 
 @pytest.mark.parametrize("record", ["/data/0", "/data.pkl"])
