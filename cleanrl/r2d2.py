@@ -133,7 +133,7 @@ MINATAR_DEFAULTS = dict(
     replay_ratio=4.0,
     # the script's learning rate, 1e-3, and Adam epsilon, the paper's 1e-3: the loss sums over the 20 trained steps, as
     # Acme and SEED RL; under a mean over them (gradients 20 times smaller) Breakout stayed random and needed 1e-5
-    target_network_frequency=100,  # a copy every 16k agent steps: 61 in a 1M-step run, 124 in 2M (docs: Deviations)
+    target_network_frequency=100,  # a copy every 16k agent steps: 61 in a 1M-step run, 123 in 2M (docs: Deviations)
     # the paper's fixed per-actor epsilons 0.4^(1 + 7i/15), as r2d2_atari.py: a base decaying to 0.01 left all but one greedy
     start_e=0.4,
     end_e=0.4,
@@ -383,6 +383,14 @@ def sequence_priorities(abs_td: torch.Tensor, mask: torch.Tensor, eta: float = 0
     return eta * masked.amax(0) + (1 - eta) * masked.sum(0) / mask.sum(0).clamp(min=1)
 
 
+def target_copies(args: Args) -> int:
+    """The target-network copies a run of these flags makes: after `learning_starts`, one update per
+    batch_size * seq_len / replay_ratio collected steps, a copy every `target_network_frequency` updates."""
+    learning_iterations = max(args.total_timesteps // args.num_envs - args.learning_starts // args.num_envs, 0)
+    updates = int(learning_iterations * args.num_envs * args.replay_ratio / (args.batch_size * args.seq_len))
+    return updates // args.target_network_frequency
+
+
 def actor_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
     """eps_i = base^(1 + alpha i / (N - 1)); a single actor gets `base`."""
     fraction = np.arange(num_envs) / max(num_envs - 1, 1)
@@ -511,6 +519,7 @@ def main(args: Args) -> list[float]:
         print(f"replay: {per_observation} per stored observation")
         run.writer.add_text("replay", f"{per_observation} per stored observation")
         updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * args.seq_len)
+        print(f"target network: {target_copies(args)} copies, one every {args.target_network_frequency} updates")
 
         h, c = torch.zeros(2, num_envs, args.lstm_size, device=device)  # the actors' LSTM state
         is_first, is_reset_step = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)

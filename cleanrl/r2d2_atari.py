@@ -86,7 +86,9 @@ class Args:
     """the epsilon of the Adam optimizer"""
     max_grad_norm: float = 40.0
     """the global norm the gradients are clipped to"""
-    target_network_frequency: int = 2500
+    # the paper's 2,500 gives 3 copies in a 10M-step run; 50: 155 copies, 780 in 50M steps (200M frames), about the
+    # paper's 800 (docs/rl-algorithms/r2d2.md, Deviations)
+    target_network_frequency: int = 50
     """the number of learner updates (not agent steps) between copies of the online network into the target network"""
     replay_ratio: float = 4.0
     """the average number of times each collected step is replayed as a trained (non burn-in) step"""
@@ -370,6 +372,14 @@ def sequence_priorities(abs_td: torch.Tensor, mask: torch.Tensor, eta: float = 0
     return eta * masked.amax(0) + (1 - eta) * masked.sum(0) / mask.sum(0).clamp(min=1)
 
 
+def target_copies(args: Args) -> int:
+    """The target-network copies a run of these flags makes: after `learning_starts`, one update per
+    batch_size * seq_len / replay_ratio collected steps, a copy every `target_network_frequency` updates."""
+    learning_iterations = max(args.total_timesteps // args.num_envs - args.learning_starts // args.num_envs, 0)
+    updates = int(learning_iterations * args.num_envs * args.replay_ratio / (args.batch_size * args.seq_len))
+    return updates // args.target_network_frequency
+
+
 def actor_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
     """eps_i = base^(1 + alpha i / (N - 1)); a single actor gets `base`."""
     fraction = np.arange(num_envs) / max(num_envs - 1, 1)
@@ -500,6 +510,7 @@ def main(args: Args) -> list[float]:
         print(f"replay: {per_observation} per stored observation")
         run.writer.add_text("replay", f"{per_observation} per stored observation")
         updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * args.seq_len)
+        print(f"target network: {target_copies(args)} copies, one every {args.target_network_frequency} updates")
 
         h, c = torch.zeros(2, num_envs, args.lstm_size, device=device)  # the actors' LSTM state
         is_first, is_reset_step = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
