@@ -2,7 +2,8 @@
 
 An LSTM Q-network learns from prioritized replay of fixed-length sequences: each starts from the recurrent state the
 actor had when it was collected, a burn-in prefix only warms that state up, and the `seq_len` steps after it are
-trained with n-step double-Q targets under value rescaling; a new sequence starts every `sequence_period` steps.
+trained with n-step double-Q targets under value rescaling, the loss summed over them; a new sequence starts every
+`sequence_period` steps and enters the replay with the priority of its TD errors under the network that acted.
 Vectorized environments act with fixed per-actor epsilons in place of the paper's distributed actors. Vectors get a
 dense torso, MinAtar's grids a convolutional one; `--mask-velocity` hides CartPole's velocities (a memory task).
 
