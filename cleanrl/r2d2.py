@@ -2,7 +2,8 @@
 
 An LSTM Q-network learns from prioritized replay of fixed-length sequences: each starts from the recurrent state the
 actor had when it was collected, a burn-in prefix only warms that state up, and the `seq_len` steps after it are
-trained with n-step double-Q targets under value rescaling; a new sequence starts every `sequence_period` steps.
+trained with n-step double-Q targets under value rescaling, the loss summed over them; a new sequence starts every
+`sequence_period` steps and enters the replay with the priority of its TD errors under the network that acted.
 Vectorized environments act with fixed per-actor epsilons in place of the paper's distributed actors. Vectors get a
 dense torso, MinAtar's grids a convolutional one; `--mask-velocity` hides CartPole's velocities (a memory task).
 
@@ -35,8 +36,8 @@ from cleanrl_q_utils.segment_tree import SegmentTree
 envpool = classic_control.import_envpool()  # None off Linux (it has Linux wheels only): classic control is gymnasium's
 
 # The layout of checkpoint.pt, which a resume checks; 3: the burn-in is a prefix before --seq-len trained steps,
-# and --sequence-period sets how often a sequence starts
-CHECKPOINT_FORMAT = 3
+# and --sequence-period sets how often a sequence starts; 4: the replay keeps the actors' Q-values, not a max priority
+CHECKPOINT_FORMAT = 4
 
 
 @dataclass
@@ -141,9 +142,9 @@ MINATAR_DEFAULTS = dict(
     burn_in=10,
     sequence_period=10,
     replay_ratio=4.0,
-    # the script's learning rate, 1e-3, and a small Adam epsilon: with the paper's epsilon (1e-3) Breakout stayed random
-    adam_eps=1e-5,
-    target_network_frequency=100,  # a copy every 16k agent steps (1,000 was tried only with Adam epsilon 1e-3)
+    # the script's learning rate, 1e-3, and Adam epsilon, the paper's 1e-3: the loss sums over the 20 trained steps, as
+    # Acme and SEED RL; under a mean over them (gradients 20 times smaller) Breakout stayed random and needed 1e-5
+    target_network_frequency=100,  # a copy every 16k agent steps: 61 in a 1M-step run, 123 in 2M (docs: Deviations)
     # the paper's fixed per-actor epsilons 0.4^(1 + 7i/15), as r2d2_atari.py: a base decaying to 0.01 left all but one greedy
     start_e=0.4,
     end_e=0.4,
@@ -270,18 +271,21 @@ class SequenceReplay:
         self.seq_len, self.burn_in, self.period = args.seq_len, args.burn_in, args.sequence_period
         self.window = args.burn_in + args.seq_len + args.n_step  # burn-in prefix, trained steps, target steps
         self.prioritized_replay_alpha, self.save_arrays = args.prioritized_replay_alpha, args.checkpoint_replay
+        self.n_step, self.gamma, self.priority_eta = args.n_step, args.gamma, args.priority_eta
         self.history = 1  # slots read before a window: the previous action and reward
         self.obs = np.zeros((*shape, *obs_shape), dtype=obs_dtype)
         self.actions = np.zeros(shape, dtype=np.uint8)
         self.rewards = np.zeros(shape, dtype=np.float32)
         self.terminated, self.truncated = np.zeros((2, *shape), dtype=bool)
+        # the acting network's Q(s, a) of the action taken and max_a Q(s, a): a new window's priority comes from them
+        self.acted_q, self.max_q = np.zeros((2, *shape), dtype=np.float32)
         self.max_seqs = max_sequences(args.buffer_size, args.num_envs, self.period, self.window)
         # per window: its env, the absolute step of its position 0, [lo, hi), the LSTM state before position 0
         self.seq_env, self.seq_start, self.seq_lo, self.seq_hi = np.zeros((4, self.max_seqs), dtype=np.int64)
         self.seq_h, self.seq_c = np.zeros((2, self.max_seqs, args.lstm_size), dtype=np.float32)
         self.tree = SegmentTree(self.max_seqs)
         self.open = np.zeros(0, dtype=np.int64)  # windows still being filled (priority 0 until complete)
-        self.next_seq, self.t, self.max_priority = 0, 0, 1.0
+        self.next_seq, self.t = 0, 0
         self.episode_start = np.zeros(args.num_envs, dtype=np.int64)
 
     def state_dict(self) -> dict:
@@ -290,7 +294,7 @@ class SequenceReplay:
         state = dict(t=self.t, episode_start=self.episode_start.copy())
         if self.save_arrays:
             state.update({name: torch.from_numpy(v) for name, v in vars(self).items() if isinstance(v, np.ndarray)})
-            state.update(tree=torch.from_numpy(self.tree.nodes), next_seq=self.next_seq, max_priority=self.max_priority)
+            state.update(tree=torch.from_numpy(self.tree.nodes), next_seq=self.next_seq)
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -306,12 +310,14 @@ class SequenceReplay:
         self.seq_h[ids], self.seq_c[ids] = h, c
         self.open = np.concatenate([self.open, ids])
 
-    def add(self, obs, actions, rewards, terminated, truncated, is_first, is_reset_step, h, c):
+    def add(self, obs, actions, rewards, terminated, truncated, is_first, is_reset_step, h, c, q):
         """One vector step: obs (N, ...) fed to the network, its action, reward and flags. `is_reset_step` marks
-        envpool's reset step (its obs is the previous episode's final one), h and c the LSTM state before obs."""
+        envpool's reset step (its obs is the previous episode's final one), h and c the LSTM state before obs, q (N, A)
+        the acting network's Q-values at obs."""
         t, slot = self.t, self.t % self.steps
         self.obs[:, slot], self.actions[:, slot], self.rewards[:, slot] = obs, actions, rewards
         self.terminated[:, slot], self.truncated[:, slot] = terminated, truncated
+        self.acted_q[:, slot], self.max_q[:, slot] = np.take_along_axis(q, actions[:, None], 1)[:, 0], q.max(1)
         if t % self.period == 0:  # forget windows whose slots the ring is about to overwrite
             stale = self.seq_start - self.history <= t - self.steps + self.period
             stale_ids = np.flatnonzero(stale & (self.tree.leaves(np.arange(self.max_seqs)) > 0))
@@ -324,7 +330,8 @@ class SequenceReplay:
         trained = ~ended | (hi - 2 >= self.burn_in)  # at least one trained step
         keep = self.open[close & trained]
         self.seq_hi[keep] = hi[close & trained]
-        self.tree.update(keep, self.max_priority**self.prioritized_replay_alpha)
+        if len(keep):  # a complete window enters with the priority of its TD errors under the acting network
+            self.update_priorities(keep, self.initial_priorities(keep))
         self.open = self.open[~close]
         # open new windows: their trained steps start at the multiples of `period` of an episode
         first = np.flatnonzero(is_first)
@@ -349,35 +356,55 @@ class SequenceReplay:
         batch["weights"] = torch.as_tensor((weights / weights.max()).astype(np.float32), device=device)
         return ids, batch
 
-    def gather(self, ids: np.ndarray, device) -> dict:
-        """Time-major tensors over the `burn_in + seq_len + n_step` positions of the sequences `ids`."""
+    def positions(self, ids: np.ndarray):
+        """The env and ring slot of positions -history .. window - 1 of the windows `ids` (P, B), and which of them lie
+        in the window's episode."""
         pos = np.arange(-self.history, self.window)[:, None]
         env = self.seq_env[ids][None]
         slots = (self.seq_start[ids][None] + pos) % self.steps
         valid = (pos >= self.seq_lo[ids][None]) & (pos < self.seq_hi[ids][None])  # padding: another episode
-        frames = self.obs[env, slots] * valid.reshape(*valid.shape, *[1] * (self.obs.ndim - 2)).astype(self.obs.dtype)
+        return env, slots, valid
+
+    def step_fields(self, env, slots, valid) -> dict:
+        """Time-major arrays over positions 0 .. window - 1 of everything stored per step but the observation."""
         actions = np.where(valid, self.actions[env, slots].astype(np.int64), -1)
         rewards = np.where(valid, self.rewards[env, slots], 0.0).astype(np.float32)
         done = valid & (self.terminated[env, slots] | self.truncated[env, slots])
         now, before = slice(self.history, None), slice(self.history - 1, -1)
-        batch = {
-            **dict(obs=frames[self.history :]),
-            **dict(actions=actions[now], rewards=rewards[now], h=self.seq_h[ids], c=self.seq_c[ids]),
+        return {
+            **dict(actions=actions[now], rewards=rewards[now]),
             **dict(terminated=valid[now] & self.terminated[env, slots[now]], done=done[now], valid=valid[now]),
             **dict(is_first=valid[now] & ~valid[before], is_reset_step=done[before], last_action=actions[before]),
             **dict(last_reward=np.clip(rewards[before], -1, 1)),  # clipped, as the actor sees it
+            **dict(acted_q=np.where(valid[now], self.acted_q[env, slots[now]], 0), max_q=self.max_q[env, slots[now]]),
         }
+
+    def gather(self, ids: np.ndarray, device) -> dict:
+        """Time-major tensors over the `burn_in + seq_len + n_step` positions of the sequences `ids`."""
+        env, slots, valid = self.positions(ids)
+        frames = self.obs[env, slots] * valid.reshape(*valid.shape, *[1] * (self.obs.ndim - 2)).astype(self.obs.dtype)
+        batch = {k: v for k, v in self.step_fields(env, slots, valid).items() if k not in ("acted_q", "max_q")}
+        batch.update(obs=frames[self.history :], h=self.seq_h[ids], c=self.seq_c[ids])
         return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
 
+    def initial_priorities(self, ids: np.ndarray) -> np.ndarray:
+        """Priorities of the complete windows `ids` from the Q-values the actors acted with (as Ape-X, R2D2 and SEED RL:
+        the acting network both rates the taken action and bootstraps, so no target network is involved)."""
+        fields = {k: torch.as_tensor(v) for k, v in self.step_fields(*self.positions(ids)).items()}
+        trained = slice(self.burn_in, self.burn_in + self.seq_len)
+        mask = fields["valid"][trained] & ~fields["is_reset_step"][trained]
+        after_burn_in = [fields[k][self.burn_in :] for k in ("acted_q", "max_q", "rewards", "done", "terminated")]
+        return acting_priorities(*after_burn_in, mask, self.n_step, self.gamma, self.priority_eta).numpy()
+
     def update_priorities(self, ids: np.ndarray, priorities: np.ndarray) -> None:
-        self.max_priority = max(self.max_priority, float(priorities.max()))
-        self.tree.update(ids, priorities**self.prioritized_replay_alpha)
+        # a zero leaf marks a free slot, so a window whose TD errors are all exactly zero keeps a tiny priority
+        self.tree.update(ids, np.maximum(priorities, 1e-8) ** self.prioritized_replay_alpha)
 
 
 def replay_memory_bytes(args: Args, obs_shape: tuple, obs_dtype) -> int:
     """Bytes that SequenceReplay allocates for these flags (the step streams, the sequence records and their tree)."""
     steps, window = args.buffer_size // args.num_envs, args.burn_in + args.seq_len + args.n_step
-    per_step = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 1 + 4 + 1 + 1  # obs, action, reward, flags
+    per_step = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 1 + 4 + 1 + 1 + 8  # obs, action, reward, flags, Qs
     max_seqs = max_sequences(args.buffer_size, args.num_envs, args.sequence_period, window)
     per_sequence = 4 * 8 + 2 * args.lstm_size * 4  # env, start, lo, hi; h and c
     tree = 2 * (1 << (max_seqs - 1).bit_length()) * 8
@@ -402,10 +429,51 @@ def sequence_priorities(abs_td: torch.Tensor, mask: torch.Tensor, eta: float = 0
     return eta * masked.amax(0) + (1 - eta) * masked.sum(0) / mask.sum(0).clamp(min=1)
 
 
+def target_copies(args: Args) -> int:
+    """The target-network copies a run of these flags makes: after `learning_starts`, one update per
+    batch_size * seq_len / replay_ratio collected steps, a copy every `target_network_frequency` updates."""
+    learning_iterations = max(args.total_timesteps // args.num_envs - args.learning_starts // args.num_envs, 0)
+    updates = int(learning_iterations * args.num_envs * args.replay_ratio / (args.batch_size * args.seq_len))
+    return updates // args.target_network_frequency
+
+
 def actor_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
     """eps_i = base^(1 + alpha i / (N - 1)); a single actor gets `base`."""
     fraction = np.arange(num_envs) / max(num_envs - 1, 1)
     return base ** (1 + alpha * fraction)
+
+
+def n_step_returns(rewards, done, terminated, steps: int, n_step: int, gamma: float):
+    """The n-step returns of the first `steps` positions of rewards, done, terminated (steps + n_step, B), stopped at
+    the episode's end, with the offset k of each one's bootstrap position (n_step, or the steps to the episode's end)
+    and whether it bootstraps (only termination cuts the bootstrap, a time-out keeps it); each (steps, B)."""
+    returns, alive = torch.zeros_like(rewards[:steps]), torch.ones_like(done[:steps])
+    offset, bootstrap = torch.full(returns.shape, n_step, dtype=torch.int64, device=rewards.device), torch.ones_like(alive)
+    for k in range(n_step):
+        rows = slice(k, steps + k)
+        returns += alive * gamma**k * rewards[rows]
+        ends = alive & done[rows]
+        offset = torch.where(ends, k + 1, offset)
+        bootstrap = torch.where(ends, ~terminated[rows], bootstrap)
+        alive = alive & ~done[rows]
+    return returns, offset, bootstrap
+
+
+def acting_priorities(acted_q, max_q, rewards, done, terminated, mask, n_step: int, gamma: float, eta: float):
+    """A new sequence's priority from the values its actor acted with: delta_t = h(R_t + gamma^k h^-1(max_a Q(s_t+k, a)))
+    - Q(s_t, a_t). acted_q, max_q, rewards, done, terminated (T + n_step, B) from the first trained position, mask (T, B)
+    -> (B,)."""
+    steps = mask.shape[0]
+    returns, offset, bootstrap = n_step_returns(rewards, done, terminated, steps, n_step, gamma)
+    next_value = max_q.gather(0, offset + torch.arange(steps).unsqueeze(-1))
+    target = value_rescale(returns + bootstrap * gamma**offset * inverse_value_rescale(next_value))
+    return sequence_priorities((target - acted_q[:steps]).abs(), mask, eta)
+
+
+def sequence_loss(td: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Importance-weighted batch mean of each sequence's sum over its trained steps of 0.5 delta^2 (as Acme and SEED
+    RL; a mean over steps would divide the gradient by seq_len): td (T, B), zero off the trained steps; weights (B,)."""
+    return (weights * (0.5 * td**2).sum(0)).mean()
 
 
 def sequence_td_errors(q_network, target_network, batch, burn_in: int, seq_len: int, n_step: int, gamma: float):
@@ -420,16 +488,8 @@ def sequence_td_errors(q_network, target_network, batch, burn_in: int, seq_len: 
     q, _ = q_network(*[x[burn_in:] for x in inputs], burned_in)  # positions burn_in .. burn_in + seq_len + n_step - 1
     steps, end = seq_len, burn_in + seq_len
     q_taken = q[:steps].gather(-1, batch["actions"][burn_in:end].clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    # n-step return that stops at the episode end; only termination cuts the bootstrap, a time-out keeps it
-    returns, alive = torch.zeros_like(q_taken), torch.ones_like(q_taken, dtype=torch.bool)
-    offset, bootstrap = torch.full_like(batch["actions"][:steps], n_step), torch.ones_like(alive)
-    for k in range(n_step):
-        rows = slice(burn_in + k, end + k)
-        returns += alive * gamma**k * batch["rewards"][rows]
-        ends = alive & batch["done"][rows]
-        offset = torch.where(ends, k + 1, offset)
-        bootstrap = torch.where(ends, ~batch["terminated"][rows], bootstrap)
-        alive = alive & ~batch["done"][rows]
+    after_burn_in = [batch[k][burn_in:] for k in ("rewards", "done", "terminated")]
+    returns, offset, bootstrap = n_step_returns(*after_burn_in, steps, n_step, gamma)
     with torch.no_grad():
         rows = offset + torch.arange(steps, device=offset.device).unsqueeze(-1)  # index into q (starts at burn_in)
         cols = torch.arange(q.shape[1], device=q.device).expand_as(rows)
@@ -505,6 +565,7 @@ def main(args: Args) -> list[float]:
         print(f"replay: {per_observation} per stored observation")
         run.writer.add_text("replay", f"{per_observation} per stored observation")
         updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * args.seq_len)
+        print(f"target network: {target_copies(args)} copies, one every {args.target_network_frequency} updates")
 
         h, c = torch.zeros(2, num_envs, args.lstm_size, device=device)  # the actors' LSTM state
         is_first, is_reset_step = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
@@ -545,10 +606,22 @@ def main(args: Args) -> list[float]:
             with torch.no_grad():
                 q, (next_h, next_c) = q_network(*to_step_inputs(observed, last_action, last_reward, is_first, device), (h, c))
             explore = rng.random(num_envs) < epsilons
-            actions = np.where(explore, rng.integers(num_actions, size=num_envs), q[0].argmax(-1).cpu().numpy())
+            acting_q = q[0].cpu().numpy()
+            actions = np.where(explore, rng.integers(num_actions, size=num_envs), acting_q.argmax(-1))
             next_obs, reward, terminated, truncated, _ = envs.step(actions)
             action_log[iteration] = actions
-            rb.add(observed, actions, reward, terminated, truncated, is_first, is_reset_step, h.cpu().numpy(), c.cpu().numpy())
+            rb.add(
+                observed,
+                actions,
+                reward,
+                terminated,
+                truncated,
+                is_first,
+                is_reset_step,
+                h.cpu().numpy(),
+                c.cpu().numpy(),
+                acting_q,
+            )
             stats.update(reward, is_reset_step, terminated | truncated, run.writer, global_step)
             obs, h, c = next_obs, next_h, next_c
             last_action, last_reward = actions, np.clip(reward, -1, 1).astype(np.float32)
@@ -562,8 +635,7 @@ def main(args: Args) -> list[float]:
                 td, mask, q_taken = sequence_td_errors(
                     q_network, target_network, batch, args.burn_in, args.seq_len, args.n_step, args.gamma
                 )
-                per_sequence = (0.5 * td**2).sum(0) / mask.sum(0).clamp(min=1)
-                loss = (batch["weights"] * per_sequence).mean()
+                loss = sequence_loss(td, batch["weights"])
                 optimizer.zero_grad()
                 loss.backward()
                 run.clip_grad_norm(q_network.parameters(), args.max_grad_norm, global_step)

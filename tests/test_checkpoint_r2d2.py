@@ -94,8 +94,10 @@ def test_unreadable_checkpoints_stop_with_a_clear_error(tmp_path, monkeypatch):
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all" * 100)
     state = read_checkpoint(checkpoint_of())
     torch.save(to_safe(dict(state, format=1)), tmp_path / "old_format.pt")
+    # format 3: a replay whose new sequences entered at the max priority, with no acting Q-values to resume from
+    torch.save(to_safe(dict(state, format=r2d2.CHECKPOINT_FORMAT - 1)), tmp_path / "previous_format.pt")
     torch.save(to_safe(dict(state, args=dict(state["args"], frame_stack=4))), tmp_path / "other_script.pt")
-    for path in ("truncated.pt", "garbage.pt", "missing.pt", "old_format.pt", "other_script.pt"):
+    for path in ("truncated.pt", "garbage.pt", "missing.pt", "old_format.pt", "previous_format.pt", "other_script.pt"):
         with pytest.raises(SystemExit, match="--resume"):
             r2d2.main(r2d2.Args(resume=path))
     with pytest.raises(SystemExit, match="--checkpoint-every"):

@@ -82,6 +82,7 @@ def fill(module, num_envs=3, steps=400, seq_len=5, burn_in=3, sequence_period=5,
             is_reset_step,
             state,
             state,
+            rng.random((num_envs, 2)).astype(np.float32),
         )
         for e in np.flatnonzero(~is_reset_step):
             steps_of.setdefault(int(episode[e]), (e, []))[1].append(t)
@@ -208,7 +209,7 @@ def test_the_smallest_accepted_replay_never_serves_overwritten_frames(burn_in, s
         episode_of.update({(e, t): episode_start[e] for e in range(2)})
         done = (rng.random(2) < 0.05) & ~is_reset_step
         frame = np.full((2, 1), t % 250 + 1, np.uint8)
-        rb.add(frame, np.zeros(2, int), np.zeros(2, np.float32), done, no, is_first, is_reset_step, zeros, zeros)
+        rb.add(frame, np.zeros(2, int), np.zeros(2, np.float32), done, no, is_first, is_reset_step, zeros, zeros, zeros)
         is_first, is_reset_step = is_reset_step, done
         ids = live_ids(rb)
         if len(ids) == 0:
@@ -315,7 +316,6 @@ def test_priorities_of_sampled_sequences_change_after_an_update():
     rng = np.random.default_rng(0)
     ids, batch = rb.sample(8, rng, 0.6, "cpu")
     before = rb.tree.leaves(ids).copy()
-    assert np.allclose(before, 1.0)  # new sequences enter with the max priority
     q_network, target_network = r2d2.QNetwork((1,), 2, 4), r2d2.QNetwork((1,), 2, 4)
     td, mask, _ = r2d2.sequence_td_errors(q_network, target_network, batch, rb.burn_in, rb.seq_len, 2, 0.99)
     priorities = r2d2.sequence_priorities(td.detach().abs(), mask, 0.9).numpy()
@@ -337,6 +337,98 @@ def test_sequences_are_drawn_in_proportion_to_their_priority():
     assert np.isin(drawn, ids).all() and counts[1] == 0
     share = np.array([scaled[i::5].sum() for i in range(5)]) / scaled.sum()
     np.testing.assert_allclose(counts, share, atol=0.02)
+
+
+def h_by_hand(x: float) -> float:
+    return math.copysign(math.sqrt(abs(x) + 1) - 1, x) + 1e-3 * x
+
+
+def h_inverse_by_hand(x: float) -> float:  # the textbook form, in float64
+    return math.copysign(((math.sqrt(1 + 4e-3 * (abs(x) + 1 + 1e-3)) - 1) / 2e-3) ** 2 - 1, x)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_new_sequence_enters_with_the_priority_of_the_acting_values(module):
+    # one env, an episode of steps 0..3 that terminates on step 3; step 4 is the reset step. The window opened at the
+    # episode's start reaches back one step: its burn-in position is padding, then trained steps 0..2, target steps 3, 4
+    gamma, alpha, eta = 0.9, 0.9, 0.9
+    sizes = dict(num_envs=1, buffer_size=1_000, lstm_size=2, seq_len=3, burn_in=1, sequence_period=3, n_step=2)
+    extra = dict(frame_stack=2) if module is r2d2_atari else {}
+    args = module.Args(**sizes, gamma=gamma, prioritized_replay_alpha=alpha, priority_eta=eta, **extra)
+    rb = module.SequenceReplay(args, (1,), np.uint8 if module is r2d2_atari else np.float32)
+    q = [[0.5, -1.0], [2.0, 1.5], [-0.3, 0.7], [1.2, 3.0], [9.0, 9.0]]  # the actor's Q-values at steps 0..4
+    actions, rewards = [1, 0, 1, 0, 0], [1.0, 0.0, 4.0, -2.0, 0.0]
+    terminated = [False, False, False, True, False]
+    for t in range(5):
+        rb.add(
+            np.ones((1, 1)),
+            np.array([actions[t]]),
+            np.array([rewards[t]], np.float32),
+            np.array([terminated[t]]),
+            np.zeros(1, bool),
+            np.array([t == 0]),
+            np.array([t == 4]),
+            np.zeros((1, 2), np.float32),
+            np.zeros((1, 2), np.float32),
+            np.array([q[t]], np.float32),
+        )
+    (window,) = [i for i in live_ids(rb) if rb.seq_start[i] == -1]
+    td = []
+    for t in range(3):  # two-step returns; the one from step 2 ends with the termination on step 3: no bootstrap
+        if terminated[t + 1]:
+            target = rewards[t] + gamma * rewards[t + 1]
+        else:
+            target = rewards[t] + gamma * rewards[t + 1] + gamma**2 * h_inverse_by_hand(max(q[t + 2]))
+        td.append(h_by_hand(target) - q[t][actions[t]])
+    priority = eta * max(abs(d) for d in td) + (1 - eta) * sum(abs(d) for d in td) / 3
+    assert math.isclose(float(rb.tree.leaves(np.array([window]))[0]), priority**alpha, rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_loss_sums_the_squared_td_errors_over_the_trained_steps(module):
+    rb, _ = fill(r2d2)
+    torch.manual_seed(0)
+    _, batch = rb.sample(6, np.random.default_rng(0), 0.6, "cpu")
+    network = r2d2.QNetwork((1,), 2, 4)
+    td, mask, _ = r2d2.sequence_td_errors(network, network, batch, rb.burn_in, rb.seq_len, 2, 0.99)
+    assert not mask.all()  # the batch holds padding, which must add nothing
+    expected = 0.0
+    for b in range(td.shape[1]):
+        summed = 0.0
+        for t in range(td.shape[0]):
+            if mask[t, b]:
+                summed += 0.5 * float(td[t, b]) ** 2
+        expected += float(batch["weights"][b]) * summed
+    expected /= td.shape[1]
+    assert math.isclose(float(module.sequence_loss(td, batch["weights"])), expected, rel_tol=1e-5)
+
+
+def copies_by_simulating_the_loop(args) -> tuple[int, int]:
+    """The training loop's counters, step by step: the number of target copies and the agent step of the first."""
+    per_vector_step = args.num_envs * args.replay_ratio / (args.batch_size * args.seq_len)
+    credit, updates, copies, first_copy = 0.0, 0, 0, None
+    for iteration in range(args.total_timesteps // args.num_envs):
+        global_step = (iteration + 1) * args.num_envs
+        if global_step > args.learning_starts:
+            credit += per_vector_step
+        while credit >= 1:
+            credit -= 1
+            updates += 1
+            if updates % args.target_network_frequency == 0:
+                copies += 1
+                first_copy = first_copy or global_step
+    return copies, first_copy
+
+
+@pytest.mark.parametrize("agent_steps", [None, 50_000_000])  # the default 10M, and 200M frames
+def test_a_default_atari_run_copies_the_target_network_often(agent_steps):
+    args = r2d2_atari.Args() if agent_steps is None else r2d2_atari.Args(total_timesteps=agent_steps)
+    copies, first_copy = copies_by_simulating_the_loop(args)
+    assert abs(copies - r2d2_atari.target_copies(args)) <= 1
+    # each copy carries a reward back n steps at most: reaching the discount horizon 1 / (1 - gamma) takes
+    # 1 / ((1 - gamma) n) copies; a run makes at least twice that, the first within its first 2%
+    assert copies >= 2 / ((1 - args.gamma) * args.n_step)
+    assert first_copy < 0.02 * args.total_timesteps
 
 
 # ---------------------------------------------------------------- runs and flags
