@@ -15,13 +15,14 @@ import os
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
-import envpool
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, training_run
+from cleanrl_q_utils import classic_control, command_line, environments, episode_scores, flag_checks, model_files, training_run
+
+envpool = classic_control.import_envpool()  # None off Linux (Linux wheels only), where validate_args stops in one line
 
 # The layout of checkpoint.pt, which a resume checks.
 CHECKPOINT_FORMAT = 2

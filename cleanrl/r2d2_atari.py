@@ -16,14 +16,15 @@ import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch l
 import os
 from dataclasses import dataclass
 
-import envpool
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, training_run
+from cleanrl_q_utils import classic_control, command_line, environments, episode_scores, flag_checks, model_files, training_run
 from cleanrl_q_utils.segment_tree import SegmentTree
+
+envpool = classic_control.import_envpool()  # None off Linux (Linux wheels only), where validate_args stops in one line
 
 # The layout of checkpoint.pt, which a resume checks; 3: the burn-in is a prefix before --seq-len trained steps,
 # and --sequence-period sets how often a sequence starts; 4: the replay keeps the actors' Q-values, not a max priority

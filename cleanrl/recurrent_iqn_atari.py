@@ -15,16 +15,17 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-import envpool
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cleanrl_q_utils import command_line, environments, episode_scores, flag_checks, model_files, training_run
+from cleanrl_q_utils import classic_control, command_line, environments, episode_scores, flag_checks, model_files, training_run
 from cleanrl_q_utils.lstm_unroll import segment_bounds, unroll_lstm, unroll_lstm_merged
 from cleanrl_q_utils.segment_tree import SegmentTree
+
+envpool = classic_control.import_envpool()  # None off Linux (Linux wheels only), where validate_args stops in one line
 
 # The layout of checkpoint.pt, which a resume checks; 3: replay windows with the burn-in before them; the IQN-before-LSTM layer
 CHECKPOINT_FORMAT = 3

@@ -213,8 +213,12 @@ def test_each_vector_script_trains_on_cartpole_without_envpool(script, blocked_e
     assert max(lengths) <= 500
 
 
-def test_an_atari_id_without_envpool_stops_with_one_line(blocked_envpool, tmp_path):
-    done = run_without_envpool(blocked_envpool, tmp_path, "dqn_dueling_per", dict(env_id="Breakout-v5"))
+@pytest.mark.parametrize(
+    "script",
+    ["dqn_dueling_per", "pqn_atari_envpool", "pqn_atari_envpool_lstm", "iqn_atari", "r2d2_atari", "recurrent_iqn_atari"],
+)
+def test_an_atari_id_without_envpool_stops_with_one_line(script, blocked_envpool, tmp_path):
+    done = run_without_envpool(blocked_envpool, tmp_path, script, dict(env_id="Breakout-v5"))
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --env-id=Breakout-v5: Atari games need envpool"), done.stderr
