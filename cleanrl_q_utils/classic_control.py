@@ -8,7 +8,8 @@ action is ignored, its reward is 0 and it ends nothing), time-outs as truncation
 envpool's info fields of classic control (`env_id`, `players`, `elapsed_step`). The games themselves are gymnasium's:
 their first states are drawn by another generator than envpool's, so the same seed plays other games, and a game that
 ends on the capped step is both terminated and truncated (gymnasium's TimeLimit), where envpool calls it truncated only.
-Given the seed and the actions the games are the same every time, which a resume's replay of the logged actions needs.
+Given the seed and the actions the games are the same every time, which a resume's fast-forward through the logged
+actions needs.
 
 Atari stays on envpool: without it an Atari id stops with one line that says so.
 """
