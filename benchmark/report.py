@@ -13,7 +13,8 @@ that is left out (another sweep's, an earlier one of the same seed, one without 
 end of the report file; the console counts them in one line. Runs are grouped by (exp_name, env_id); each
 run's final performance is the mean of its last 100 `charts/episodic_return` values (the true game scores of
 its last 100 training episodes), and a group reports the mean and standard deviation of that number over its
-seeds. Writes to `--output-dir`, and says where first, on stdout (then the tables):
+seeds (a group of one seed, which has no spread, its score marked `(1 seed)`). Writes to `--output-dir`, and says
+where first, on stdout (then the tables):
 
 - `<name>.md`: final performance and wall-clock runtime per env, one column per exp_name; for Atari ids
   (found in atari57_random_human_scores.csv) also human-normalized scores with the median and the
@@ -534,6 +535,14 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def mean_and_spread(values: np.ndarray, decimals: int) -> str:
+    """`mean ± std` over seeds (ddof=0). One seed has no spread to show: `± 0.00` would read as seeds that agree, so
+    its cell says `(1 seed)` instead; several seeds that agree keep their `± 0.00`."""
+    if len(values) == 1:
+        return f"{values[0]:.{decimals}f} (1 seed)"
+    return f"{np.mean(values):.{decimals}f} ± {np.std(values):.{decimals}f}"
+
+
 def performance_markdown(groups: dict, exp_names: list[str], env_ids: list[str], last_episodes: int = 100) -> str:
     """Final return (mean +- std over seeds), runtime and the seeds/steps behind each cell."""
 
@@ -542,7 +551,9 @@ def performance_markdown(groups: dict, exp_names: list[str], env_ids: list[str],
         return "-" if group is None else fmt(group)
 
     header = ["Environment", *exp_names]
-    returns = [[env_id, *(cell(e, env_id, lambda g: f"{g.mean:.2f} ± {g.std:.2f}") for e in exp_names)] for env_id in env_ids]
+    returns = [
+        [env_id, *(cell(e, env_id, lambda g: mean_and_spread(g.final_scores, 2)) for e in exp_names)] for env_id in env_ids
+    ]
     runtimes = [
         [env_id, *(cell(e, env_id, lambda g: f"{np.mean(g.runtimes_min):.1f}") for e in exp_names)] for env_id in env_ids
     ]
@@ -561,8 +572,11 @@ def performance_markdown(groups: dict, exp_names: list[str], env_ids: list[str],
         evaluated = group.eval_means[~np.isnan(group.eval_means)]
         if not len(evaluated):
             return "-"
-        missing = f" ({len(evaluated)} of {len(group.seeds)} seeds)" if len(evaluated) < len(group.seeds) else ""
-        return f"{evaluated.mean():.2f} ± {evaluated.std():.2f}{missing}"
+        if len(evaluated) == len(group.seeds):
+            return mean_and_spread(evaluated, 2)
+        if len(evaluated) == 1:  # one "(...)" that says both: no spread, and which share of the seeds
+            return f"{evaluated[0]:.2f} (1 of {len(group.seeds)} seeds)"
+        return f"{mean_and_spread(evaluated, 2)} ({len(evaluated)} of {len(group.seeds)} seeds)"
 
     evaluations = [[env_id, *(cell(e, env_id, evaluation) for e in exp_names)] for env_id in env_ids]
     evaluated = any(np.any(~np.isnan(group.eval_means)) for group in groups.values())
@@ -710,7 +724,7 @@ def atari_markdown(matrices: dict, aggregates: dict, last_episodes: int = 100) -
             games, matrix = matrices[exp_name]
             if env_id in games:
                 column = matrix[:, games.index(env_id)]
-                row.append(f"{column.mean():.3f} ± {column.std():.3f}")
+                row.append(mean_and_spread(column, 3))
             else:
                 row.append("-")
         rows.append(row)

@@ -133,6 +133,33 @@ def test_final_performance_table(runs_dir):
     assert "| Pong-v5 | - | -3.05 ± 17.65 |" in markdown
 
 
+def test_a_cell_of_one_seed_says_so_and_seeds_that_agree_keep_their_zero_spread():
+    """One seed has no spread: its cell reads `X (1 seed)`, never `X ± 0.00`, which would read as seeds that agree;
+    two seeds with equal scores keep `± 0.00`. The rule is the number of seeds, in every table with a spread."""
+
+    def group(env_id, scores, eval_means):
+        seeds = list(range(1, len(scores) + 1))
+        ones = np.ones(len(seeds))
+        return report.Group("pqn", env_id, seeds, np.array(scores), ones, 1000 * ones, np.array(eval_means))
+
+    groups = {
+        ("pqn", "CartPole-v1"): group("CartPole-v1", [52.46], [34.2]),
+        ("pqn", "Acrobot-v1"): group("Acrobot-v1", [500.0, 500.0], [7.0, 7.0]),
+        ("pqn", "MountainCar-v0"): group("MountainCar-v0", [-150.0, -130.0, -110.0], [np.nan, -120.0, np.nan]),
+    }
+    markdown = report.performance_markdown(groups, ["pqn"], ["CartPole-v1", "Acrobot-v1", "MountainCar-v0"])
+    returns, rest = markdown.split("Evaluation after training")
+    evaluation = rest.split("Wall-clock")[0]
+    assert "| CartPole-v1 | 52.46 (1 seed) |" in returns and "| Acrobot-v1 | 500.00 ± 0.00 |" in returns
+    assert "| MountainCar-v0 | -130.00 ± 16.33 |" in returns
+    assert "| CartPole-v1 | 34.20 (1 seed) |" in evaluation and "| Acrobot-v1 | 7.00 ± 0.00 |" in evaluation
+    assert "| MountainCar-v0 | -120.00 (1 of 3 seeds) |" in evaluation  # one evaluated seed of three: no spread either
+
+    matrices = {"one": (["Breakout-v5"], np.array([[1.25]])), "two": (["Breakout-v5"], np.array([[0.5], [0.5]]))}
+    aggregates = {name: {"median": (1.0, 0.0, 2.0), "iqm": (1.0, 0.0, 2.0)} for name in matrices}
+    assert "| Breakout-v5 | 1.250 (1 seed) | 0.500 ± 0.000 |" in report.atari_markdown(matrices, aggregates)
+
+
 def test_an_episode_record_reads_back_as_the_run_it_was_written_from(runs_dir, tmp_path):
     """The record of a run (what the repository keeps of a benchmark run) holds every field the report uses, bitwise,
     and is the same bytes when written twice."""

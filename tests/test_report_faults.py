@@ -177,7 +177,7 @@ def test_an_event_file_record_of_a_hostile_length_is_refused_before_it_is_alloca
         ["--runs-dir", str(tmp_path / "runs"), "--output-dir", str(tmp_path / "out"), "--no-plot"], capsys
     )
     assert status == 0 and err.startswith(f"warning: {run_dir}: left out: {event_file.name}: the record at byte")
-    assert "| CartPole-v1 | 5.00 ± 0.00 |" in out
+    assert "| CartPole-v1 | 5.00 (1 seed) |" in out
 
 
 def test_an_event_file_cut_short_while_writing_is_read_up_to_its_last_whole_record(tmp_path):
@@ -261,7 +261,7 @@ def test_the_scores_table_is_not_read_without_an_atari_run(tmp_path, capsys):
     argv = ["--runs-dir", str(tmp_path / "runs"), "--output-dir", str(tmp_path / "out"), "--scores-csv", str(tmp_path / "no")]
     status, out, err = run_report([*argv, "--last-episodes", "5"], capsys)
     assert status == 0 and err == ""
-    assert "| CartPole-v1 | 10.00 ± 0.00 |" in out and "Human-normalized" not in out
+    assert "| CartPole-v1 | 10.00 (1 seed) |" in out and "Human-normalized" not in out
     assert (tmp_path / "out" / "results_curves.png").exists()
 
 
@@ -362,7 +362,7 @@ def test_a_reader_that_closes_the_pipe_is_no_error(tmp_path):
     result = subprocess.run(command, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
     os.close(write_end)
     assert result.returncode == 0 and result.stderr == ""
-    assert "| CartPole-v1 | 10.00 ± 0.00 |" in (tmp_path / "out" / "results.md").read_text()
+    assert "| CartPole-v1 | 10.00 (1 seed) |" in (tmp_path / "out" / "results.md").read_text()
 
 
 def threshold_argv(runs: Path, *more: str) -> list[str]:
