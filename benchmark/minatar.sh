@@ -21,12 +21,15 @@ minatar 79 "$GAMES" "1 2 3" python cleanrl/dqn_dueling_per.py --save-model
 minatar 300 "$GAMES" "1" python cleanrl/iqn.py --save-model
 # R2D2's kept 2M- and 5M-step runs (r2d2, r2d2_5m) were made before its loss summed over the trained steps, with Adam
 # epsilon 1e-5 and new sequences at the largest priority; these lines run the configuration as it is now. Its
-# comparison with them at 300k steps (r2d2.md, MinAtar) is the r2d2_sum_loss line, kept in episodes/minatar_r2d2_sum_loss.
+# comparison with them at equal steps (r2d2.md, MinAtar) is the r2d2_sum_loss and r2d2_sum_loss_1m lines, kept in
+# episodes/minatar_r2d2_sum_loss.
 minatar 15 "$GAMES" "1 2 3" python cleanrl/r2d2.py --save-model
 minatar 38 "MinAtar/Freeway-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/r2d2.py --save-model \
     --total-timesteps 5000000 --exp-name r2d2_5m
 minatar 5 "MinAtar/Breakout-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/r2d2.py --total-timesteps 300000 \
     --exp-name r2d2_sum_loss
+minatar 10 "MinAtar/Breakout-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/r2d2.py --total-timesteps 1000000 \
+    --exp-name r2d2_sum_loss_1m
 minatar 45 "MinAtar/Breakout-v0 MinAtar/SpaceInvaders-v0" "1 2 3" python cleanrl/recurrent_iqn.py --save-model
 # Recurrent IQN's other three games, seeds 1-3 (its page, MinAtar).
 minatar 45 "MinAtar/Asterix-v0 MinAtar/Freeway-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/recurrent_iqn.py \
