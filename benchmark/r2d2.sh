@@ -12,10 +12,12 @@ classic 1.5 "CartPole-v1" "1 2 3" \
 classic 8 "CartPole-v1" "1 2 3 4 5" python cleanrl/r2d2.py --mask-velocity --exp-name r2d2_mask_velocity
 
 # MinAtar (the minatar extra): the summed loss and new sequences' own priorities against the kept r2d2 runs, which
-# averaged the loss and gave new sequences the largest priority, at 300k agent steps (r2d2.md, MinAtar; the records are
-# in benchmark/episodes/minatar_r2d2_sum_loss).
+# averaged the loss and gave new sequences the largest priority, at 300k and 1M agent steps (r2d2.md, MinAtar; the
+# records are in benchmark/episodes/minatar_r2d2_sum_loss).
 minatar 5 "MinAtar/Breakout-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/r2d2.py --total-timesteps 300000 \
     --exp-name r2d2_sum_loss
+minatar 10 "MinAtar/Breakout-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/r2d2.py --total-timesteps 1000000 \
+    --exp-name r2d2_sum_loss_1m
 
 # Atari (not in the docs' tables yet; about 8 GB of RAM per run for the replay), default 10M agent steps; 1,875 agent
 # steps/s on one GPU, measured with the earlier sequence layout (r2d2.md).
