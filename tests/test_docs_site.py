@@ -85,7 +85,7 @@ def test_the_minatar_column_is_the_configuration_a_minatar_id_brings(script):
 
 
 # The pages that open with the answer: what the algorithm is, its results beside the published ones, how to run it.
-PAGES_THAT_LEAD_WITH_RESULTS = ["pqn.md", "dqn_dueling_per.md", "iqn.md", "recurrent_iqn.md"]
+PAGES_THAT_LEAD_WITH_RESULTS = ["pqn.md", "dqn_dueling_per.md", "iqn.md", "r2d2.md", "recurrent_iqn.md"]
 
 
 def level_two_headings(text: str) -> list[str]:
