@@ -130,7 +130,8 @@ def signal_name(number: int) -> str:
         return str(number)
 
 
-RUN_DIRECTORY = re.compile(r"^\s*run directory: (\S+)")
+# The start-up block's line `  run directory: PATH  (watch it: ...)`: PATH may hold spaces (a folder above the run).
+RUN_DIRECTORY = re.compile(r"^\s*run directory: (.+?)(?:  \(watch it: .*)?$")
 # The last line of a Python traceback (`ValueError: ...`, `KeyboardInterrupt`), or one of the scripts' `error:` lines.
 ERROR_LINE = re.compile(r"^(error: |[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b)")
 

@@ -313,3 +313,13 @@ def test_a_launcher_started_with_its_output_closed_still_runs_everything(tmp_pat
     result = subprocess.run(["bash", "-c", f"{launch_command} >&- 2>&-"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
     assert (tmp_path / "run" / "A__1" / "console.log").read_text() == "7\n"
+
+
+@pytest.mark.parametrize("folder", ["runs/CartPole-v1__pqn__1__1", "my runs/CartPole-v1__pqn__1__1"])
+def test_the_run_folder_is_read_whole_from_the_start_up_block_even_with_spaces(folder):
+    from helpers import import_file
+
+    launcher = import_file(LAUNCH, "launch_under_test")
+    line = f"  run directory: {folder}  (watch it: tensorboard --logdir 'my runs')\n"
+    assert launcher.RUN_DIRECTORY.match(line)[1] == folder
+    assert launcher.RUN_DIRECTORY.match(f"  run directory: {folder}\n")[1] == folder
