@@ -13,7 +13,6 @@ Docs: docs/rl-algorithms/dqn_dueling_per.md
 
 import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -161,16 +160,12 @@ ATARI_DEFAULTS = dict(
 
 
 def with_atari_defaults(args: Args) -> Args:
-    """`args` with ATARI_DEFAULTS for an Atari id, except the flags given on the command line (they win); prints what
-    was used, as `minatar.with_defaults` does for MinAtar ids. A resumed run keeps its checkpoint's flags and an
-    evaluation its model file's."""
+    """`args` with ATARI_DEFAULTS for an Atari id, except the flags given on the command line (they win), as
+    `minatar.with_defaults` does for MinAtar ids. A resumed run keeps its checkpoint's flags and an evaluation its model
+    file's."""
     if not is_atari(args.env_id) or args.resume is not None or args.eval_only:
         return args
-    given = command_line.flags_given(args)
-    used = {name: value for name, value in ATARI_DEFAULTS.items() if name not in given}
-    if used:
-        print(f"{args.env_id}: the Atari configuration: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in used.items()))
-    return dataclasses.replace(args, **used)
+    return command_line.with_configuration(args, ATARI_DEFAULTS, "the Atari configuration")
 
 
 def is_atari(env_id: str) -> bool:

@@ -90,6 +90,16 @@ def resume(given, script: str, checkpoint_format: int):
     return args, checkpoint
 
 
+def with_configuration(args, configuration: dict, name: str):
+    """`args` with the values of `configuration` (a script's MinAtar or Atari settings, say) in every flag that the
+    command line did not give: given flags win. Prints the values it set, as `{env id}: {name}: --flag value ...`."""
+    given = flags_given(args)
+    used = {flag: value for flag, value in configuration.items() if flag not in given and hasattr(args, flag)}
+    if used:
+        print(f"{args.env_id}: {name}: " + " ".join(f"--{flag.replace('_', '-')} {value}" for flag, value in used.items()))
+    return replace(args, **used)
+
+
 def flags_given(args) -> set[str]:
     """The fields of `args` given on the command line (`--name`, `--name=value`, `--no-name`, with - or _), plus, for a
     script's `main` called from Python, the fields whose values differ from the defaults."""

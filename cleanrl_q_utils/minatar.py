@@ -11,7 +11,6 @@ added: every game ends on its own (Freeway after 2,500 steps), and an episode's 
 import os
 import types
 import warnings
-from dataclasses import replace
 
 import gymnasium as gym
 import numpy as np
@@ -89,14 +88,8 @@ def with_defaults(args, defaults: dict):
     """`args` with a script's MinAtar configuration `defaults` for a MinAtar id, except the flags given on the command
     line (they win); prints what was used. Other ids are left as they are, and so are a resumed run (its checkpoint
     holds its flags) and an evaluation (its model file holds them)."""
-    from cleanrl_q_utils.command_line import flags_given
+    from cleanrl_q_utils.command_line import with_configuration
 
     if not is_minatar(args.env_id) or args.resume is not None or args.eval_only:
         return args
-    given = flags_given(args)
-    used = {name: value for name, value in defaults.items() if name not in given and hasattr(args, name)}
-    if used:
-        print(
-            f"{args.env_id}: the MinAtar configuration: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in used.items())
-        )
-    return replace(args, **used)
+    return with_configuration(args, defaults, "the MinAtar configuration")
