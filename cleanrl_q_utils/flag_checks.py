@@ -322,15 +322,15 @@ def common_needs(
 ) -> list[tuple[str, int, tuple[str, ...]]]:
     """The needs (for `check_run_memory`) every script has: in training, `copies` float32 copies of a network of
     `parameters` (weights, target network, gradients, optimizer moments), --num-envs envs and the action log;
-    with --save-model or --eval-only, the evaluation's network with its model file's weights read twice (once to
-    take the flags, once to load) and its `evaluation_envs` envs (one with --capture-video), whose every forward pass
+    with --save-model or --eval-only, the evaluation's network and its model file's weights (read once, held while
+    the evaluation runs) and its `evaluation_envs` envs (one with --capture-video), whose every forward pass
     holds at most `acting_floats` floats per env (as the training envs' do: no gradient is kept)."""
     needs = []
     if args.eval_only or args.save_model:
         envs = 1 if args.capture_video else evaluation_envs
         playing = env_memory_bytes(args.env_id, envs) + FLOAT_BYTES * acting_floats * envs
         needs.append(("the evaluation environments", playing, ("eval_episodes",)))
-    evaluation_copies = 3 if args.eval_only or args.save_model else 0
+    evaluation_copies = 2 if args.eval_only or args.save_model else 0
     if args.eval_only:
         return needs + [("the network", network_memory_bytes(parameters, evaluation_copies), network_flags)]
     networks = network_memory_bytes(parameters, copies + evaluation_copies)
