@@ -490,11 +490,14 @@ def test_bad_flags_stop_with_a_clear_error(module, overrides, flag, tmp_path, mo
 
 
 # Velocity-hidden CartPole, 100k steps with a 100k replay (the defaults otherwise), last-100-episode mean,
-# measured on a 2-core x86-64 CPU (AVX-512, PyTorch 2.13, one thread per run), about 70 s per run:
-#   seeds 1-10: 272.1, 248.1, 195.6, 235.0, 234.6, 287.8, 241.6, 287.1, 325.4, 409.7 (median 260, all above 190).
-# The same runs with the LSTM state zeroed before every step (no memory, so no velocity) end at 104.6, 102.1
-# and 92.5 (seeds 1-3).
-LEARNING_STEPS, LEARNING_THRESHOLD = 100_000, 175.0
+# measured on a 2-core x86-64 CPU (Intel Xeon, AVX-512, PyTorch 2.13, one thread per run, two runs side by side), with
+# the loss summed over the trained steps and new sequences at their acting-time priorities:
+#   seeds 1-10: 361.8, 322.1, 322.9, 160.1, 142.2, 310.0, 187.6, 286.4, 284.4, 335.2 (median 298, 9 of 10 above 150).
+# (With the loss averaged over the steps and new sequences at the largest priority, the same seeds ended at 272.1,
+# 248.1, 195.6, 235.0, 234.6, 287.8, 241.6, 287.1, 325.4, 409.7.)
+# The same runs with the LSTM state zeroed before every step (no memory, so no velocity) ended at 104.6, 102.1
+# and 92.5 (seeds 1-3, averaged loss; not remeasured with the summed one).
+LEARNING_STEPS, LEARNING_THRESHOLD = 100_000, 150.0
 
 
 @pytest.mark.learning
