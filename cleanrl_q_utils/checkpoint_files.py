@@ -444,3 +444,24 @@ def restore_state(checkpoint: dict, state: dict, args) -> dict:
         first = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
         flag_error("resume", args.resume, f"its state does not fit this run ({type(error).__name__}: {first})")
     return saved
+
+
+def resumed_state(checkpoint: dict, args) -> dict:
+    """The state of `checkpoint` as the script saved it (plain values), for the script to put into its own objects; a
+    learning rate given on resume (`args.learning_rate` other than the checkpoint's) replaces the one of every saved
+    optimizer state, torch's (each parameter group) and the flat RAdam's."""
+    saved = dict(checkpoint["state"])
+    learning_rate = getattr(args, "learning_rate", None)
+    if learning_rate != checkpoint["args"].get("learning_rate", learning_rate):
+        saved = {key: with_learning_rate(value, learning_rate) for key, value in saved.items()}
+    return saved
+
+
+def with_learning_rate(state, learning_rate: float):
+    """`state` with its step size set to `learning_rate` if it is an optimizer's state: torch's (`param_groups`) or the
+    flat RAdam's (a float `lr` beside its moments); any other value unchanged."""
+    if isinstance(state, dict) and isinstance(state.get("param_groups"), list):
+        return {**state, "param_groups": [{**group, "lr": learning_rate} for group in state["param_groups"]]}
+    if isinstance(state, dict) and isinstance(state.get("lr"), float) and "exp_avg" in state:
+        return {**state, "lr": learning_rate}
+    return state

@@ -124,6 +124,20 @@ def cli(main, args_class, minatar: Optional[dict] = None, atari: Optional[dict] 
     main(tyro.cli(args_class))
 
 
+def parse(args_class, minatar: Optional[dict] = None, atari: Optional[dict] = None):
+    """A script's flags, parsed into `args_class`: `if __name__ == "__main__": main(command_line.parse(Args))`. `--help`
+    prints the flags by group and exits; `minatar` and `atari` are the configurations that a MinAtar id or an Atari id
+    brings (the script's MINATAR_DEFAULTS, ATARI_DEFAULTS), shown there. A run stopped by a signal (after writing its
+    checkpoint) leaves `main` with SystemExit(128 + the signal's number): shells and schedulers tell it from a finished
+    run by that exit status."""
+    import tyro
+
+    if {"-h", "--help"} & set(sys.argv[1:]):  # tyro's help is one flat list; the flags read better by group
+        print_grouped_help(args_class, sys.modules[args_class.__module__].__doc__, minatar, atari)
+        raise SystemExit(0)
+    return tyro.cli(args_class)
+
+
 # `--help` groups: the fields of each, in their order in `Args`; a field not named here is an algorithm flag.
 HELP_GROUPS = {
     "run": ("exp_name", "seed", "torch_deterministic", "cuda", "track", "wandb_project_name", "wandb_entity"),

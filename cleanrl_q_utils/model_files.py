@@ -32,9 +32,14 @@ MODEL_FILE = "cleanrl-q model"  # marks a model file written by `save_model`
 
 
 def save_model(path: str, script: str, args, network: nn.Module) -> None:
-    """A model file holds the weights and every flag of the run, which rebuild the network (sizes, env) later. It is
-    written whole or not at all (a temporary file renamed over `path`)."""
-    model = {"kind": MODEL_FILE, "script": os.path.basename(script), "args": vars(args), "model": network.state_dict()}
+    """`save_weights` of `network`'s state_dict."""
+    save_weights(path, script, args, network.state_dict())
+
+
+def save_weights(path: str, script: str, args, weights: dict) -> None:
+    """A model file holds the weights (a network's state_dict) and every flag of the run, which rebuild the network
+    (sizes, env) later. It is written whole or not at all (a temporary file renamed over `path`)."""
+    model = {"kind": MODEL_FILE, "script": os.path.basename(script), "args": vars(args), "model": weights}
     write_atomically(path, lambda file: torch.save(model, file))
 
 
@@ -86,9 +91,13 @@ def model_file_error(saved: dict) -> Optional[str]:
 
 
 def load_weights(network: nn.Module, path: str, device) -> None:
-    """Loads the weights of a model file into `network`, or stops with one line when they do not fit it (a file of
-    another script, or of bare weights saved with other network sizes)."""
-    weights = read_model_file(path)["model"]
+    """Loads the weights of the model file at `path` into `network` (see `put_weights`)."""
+    put_weights(network, read_model_file(path)["model"], path)
+
+
+def put_weights(network: nn.Module, weights: dict, path: Optional[str]) -> None:
+    """Loads `weights` (a state_dict, read from the model file at `path`) into `network`, or stops with one line when
+    they do not fit it (a file of another script, or of bare weights saved with other network sizes)."""
     try:
         network.load_state_dict(weights)
     except (RuntimeError, TypeError, AttributeError) as error:
@@ -141,6 +150,52 @@ def evaluate_only(given, script: str, validate: Callable, evaluate: Callable) ->
         scores = evaluate(args.model_path, args, device, video_folder) if args.eval_episodes else []  # 0: envpool builds none
     finally:
         held.pop(args.model_path, None)
+    print(evaluation_line(args.model_path, scores))
+    if args.capture_video:
+        print(f"videos in {video_folder}")
+    return scores
+
+
+def read_for_evaluation(given, script: str) -> tuple:
+    """--eval-only --model-path PATH, first half: (args, weights) of the saved agent, read once and checked. Only
+    EVALUATION_FLAGS come from the command line; every other flag comes from the model file (other values given for
+    them are named and ignored). The script then checks the flags (its `validate_args`), calls `start_evaluation`,
+    plays the episodes with `weights` and hands the scores to `report_evaluation`."""
+    check_evaluation_flags(given)
+    saved, name = read_model_file(given.model_path), os.path.basename(script)
+    if "args" not in saved:
+        print(f"note: {given.model_path} holds weights only: the network is built from the command-line flags")
+        return given, saved["model"]
+    if saved["script"] != name:
+        flag_error("model_path", given.model_path, f"written by {saved['script']}, not {name}")
+    if wrong := flag_of_another_type(saved["args"], type(given)()):  # checked before any flag is used
+        flag_error(
+            "model_path", given.model_path, f"not a readable model file (its flag {wrong} holds {saved['args'][wrong]!r:.60})"
+        )
+    names, defaults = {field.name for field in fields(given)}, type(given)()
+    taken = names.difference(EVALUATION_FLAGS, TRAINING_RUN_FLAGS)
+    kept = {key: value for key, value in saved["args"].items() if key in taken}
+    for key, value in kept.items():
+        if getattr(given, key) not in (value, getattr(defaults, key)):
+            print(f"eval-only: ignoring --{key.replace('_', '-')}={getattr(given, key)}; the model's value is {value}")
+    return replace(given, **kept), saved["model"]
+
+
+def start_evaluation(args, script: str) -> tuple:
+    """--eval-only, second half: seeds the generators, picks the device and says what is evaluated; returns (device,
+    video folder). No run folder: an evaluation leaves nothing in the model's run folder, whose run may be going on."""
+    # Seeded, so that an evaluation repeats exactly; a training run's own evaluation instead continues the generators
+    # that training advanced (same environment seeds, other random draws: see docs/get-started/basic-usage.md).
+    seed_everything(args.seed, getattr(args, "torch_deterministic", True))
+    device = pick_device(args.cuda)
+    name = os.path.basename(script)
+    print(f"{name}: evaluating {args.model_path} on {args.env_id}, device {describe_device(device, args.cuda)}")
+    run_of_model = os.path.basename(os.path.dirname(os.path.abspath(args.model_path)))
+    return device, f"videos/{run_of_model}-eval-{int(time.time())}"
+
+
+def report_evaluation(args, scores: list[float], video_folder: str) -> list[float]:
+    """--eval-only, last: prints the evaluation's line (and where its videos are); returns the scores."""
     print(evaluation_line(args.model_path, scores))
     if args.capture_video:
         print(f"videos in {video_folder}")

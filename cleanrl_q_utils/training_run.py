@@ -36,6 +36,7 @@ import torch.nn as nn
 from torch.utils.tensorboard import SummaryWriter
 
 from cleanrl_q_utils import checkpoint_files, environments, episode_scores, model_files, run_folder, stop_signals
+from cleanrl_q_utils.flag_checks import flag_error
 
 
 class Run:
@@ -55,6 +56,7 @@ class Run:
         self.script = os.path.abspath(script)
         self.start_time, self.eval_scores, self.lock, self.writer = time.time(), None, None, None
         self.learning_resumes_at = None  # set by note_empty_replay
+        self.training_done_after_save = False  # set by checkpoint_due
         self.stopped, self.created, self.last_checkpoint, self.dir = False, False, None, None
         self.global_step = self.start_step = checkpoint["global_step"] if checkpoint else 0  # last step checkpoint_or_stop saw
         # The step at which the current envs started their first games: 0, or that of the last --resume-fresh-envs.
@@ -142,6 +144,40 @@ class Run:
             print(f"videos in {self.dir}/videos")
         return self.eval_scores
 
+    def save_model(self, weights: dict) -> Optional[str]:
+        """--save-model at the end of training: writes `weights` (the network's state_dict) with every flag of the run to
+        the run folder; returns the model file's path, or None when a signal asked to stop before training ended (the
+        checkpoint is then unchanged and the evaluation skipped)."""
+        if self.signals.stop_requested:  # asked to stop before the loop took a step (a resume of a finished run)
+            self.stopped = True
+            print(f"stopped before the final evaluation; the checkpoint is unchanged: {self.last_checkpoint}")
+            return None
+        path = f"{self.dir}/{self.args.exp_name}.cleanrl_model"
+        try:
+            model_files.save_weights(path, self.script, self.args, weights)
+        except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
+            last = self.last_checkpoint or "none written"
+            run_folder.stop_on_disk_error(
+                f"error: writing the model file {path} failed ({error}); last good checkpoint: {last}"
+            )
+        print(f"model saved to {path}")
+        return path
+
+    def log_evaluation(self, model_path: str, scores: list[float]) -> list[float]:
+        """Logs the scores of the evaluation of the model file at `model_path` and prints their mean; returns them."""
+        self.eval_scores = scores
+        for episode, score in enumerate(scores):
+            self.writer.add_scalar("eval/episodic_return", score, episode)
+        print(model_files.evaluation_line(model_path, scores))
+        if getattr(self.args, "capture_video", False):
+            print(f"videos in {self.video_folder}")
+        return scores
+
+    @property
+    def video_folder(self) -> str:
+        """Where the evaluation after training records its videos (with --capture-video)."""
+        return f"{self.dir}/videos"
+
     def finish(self, scores: list[float]) -> None:
         """The last line of a run: how far it got, how long it took, its recent training return and evaluation."""
         done, global_step = "stopped at" if self.stopped else "finished", self.global_step
@@ -225,10 +261,14 @@ class Run:
         print(f"resume: continuing {self.name} from step {step}; restored {restored} and the random generators")
         return saved
 
-    def save(self, global_step: int, state: dict) -> str:
-        """Writes the checkpoint of `state` at `global_step` over the previous one (see `write_checkpoint`). A state
-        whose weights or optimizer moments hold NaN or inf is not written: the previous checkpoint stays good."""
-        learned = [key for key, value in state.items() if checkpoint_files.is_learned(value)]
+    def save(self, global_step: int, state: dict, learned: Optional[tuple] = None) -> str:
+        """Writes the checkpoint of `state` (plain values: state dicts, arrays, numbers) at `global_step` over the previous
+        one (see `write_checkpoint`). `learned` names the entries that training computes (the networks' and optimizers'
+        states): a state whose learned entries hold NaN or inf is not written, and the previous checkpoint stays good.
+        After the checkpoint of a stop, prints the command that continues the run."""
+        if learned is None:
+            learned = [key for key, value in state.items() if checkpoint_files.is_learned(value)]
+        learned = list(learned)
         state = {key: checkpoint_files.state_of(value) for key, value in state.items()}
         header = dict(format=self.format, script=os.path.basename(self.script), args=vars(self.args), run_name=self.name)
         checkpoint = dict(
@@ -250,7 +290,58 @@ class Run:
                 f"last good checkpoint: {self.last_checkpoint or 'none written'}"
             )
         self.last_checkpoint = self.checkpoint_path
+        if self.stopped:
+            self.print_resume_command()
+        self.signals.training_done = self.training_done_after_save
         return self.checkpoint_path
+
+    def checkpoint_due(self, global_step: int, steps: int, last: bool) -> bool:
+        """Call once at the end of every iteration, after its logging, with the `steps` it took; True when the script
+        must now `save` its checkpoint state: global_step crossed a multiple of --checkpoint-every, the last iteration
+        (if checkpointing), or a signal asked to stop. After a stop's checkpoint, `stopped` is True: leave the loop."""
+        every, stopping = self.args.checkpoint_every, self.signals.stop_requested  # read once: a later signal waits a step
+        self.global_step = global_step
+        crossed = every > 0 and global_step // every > (global_step - steps) // every
+        due = crossed or stopping or (every > 0 and last)
+        self.stopped = stopping
+        # From the end of training on (after the final checkpoint, if one is due) a signal exits at once.
+        self.training_done_after_save = last and not stopping
+        self.signals.training_done = self.training_done_after_save and not due
+        return due
+
+    def print_resume_command(self) -> None:
+        # Quoted: folders above the run may hold spaces or any character a shell reads, and a pasted line must run
+        # this command and only this one.
+        command = shlex.join(["python", self.script, "--resume", os.path.abspath(self.checkpoint_path)])
+        print(f"checkpoint written to {self.checkpoint_path}; continue the run with:\n  {command}")
+
+    @contextlib.contextmanager
+    def restoring(self):
+        """`with run.restoring() as saved:` the checkpoint's state, as the script's `checkpoint_state` gave it (plain
+        values), for the script to put into its own objects inside the block. A learning rate given on resume replaces
+        the one in the saved optimizer states. Leaving the block restores the random generators (last: building the
+        networks and envs drew from them); a state that does not fit this run stops it in one line."""
+        saved = checkpoint_files.resumed_state(self.checkpoint, self.args)
+        try:
+            yield saved
+        except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError) as error:
+            first = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
+            flag_error("resume", self.args.resume, f"its state does not fit this run ({type(error).__name__}: {first})")
+        checkpoint_files.set_rng_states(self.checkpoint["rng"])
+        step, restored = self.checkpoint["global_step"], ", ".join(sorted(saved))
+        print(f"resume: continuing {self.name} from step {step}; restored {restored} and the random generators")
+
+    def check_finite(self, updates_finite: torch.Tensor, global_step: int) -> None:
+        """The NaN stop, read at logging intervals: `updates_finite` is a boolean tensor, on the training device, that the
+        script has kept as the AND of `torch.isfinite` of every update's gradient norm since the run (re)started. A NaN
+        or inf in a loss or in the Q-values reaches the gradient norm; the run then stops naming the last good
+        checkpoint (a checkpoint of non-finite weights is never written). Reading it is the only host-device
+        synchronisation the check costs."""
+        if not bool(updates_finite):
+            raise SystemExit(
+                f"error: non-finite loss or Q-values by step {global_step}; last good checkpoint: "
+                f"{self.last_checkpoint or 'none written'}"
+            )
 
     def note_writing(self, temporary_file) -> None:
         """The temporary file a checkpoint is being written to (False when none): a second Ctrl-C removes it."""
