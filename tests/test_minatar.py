@@ -140,9 +140,8 @@ def test_minatar_videos_record_the_game_as_played(monkeypatch, tmp_path):
     pytest.importorskip("moviepy")
     monkeypatch.chdir(tmp_path)
     model = pqn.QNetwork((10, 10, 4), 6)
-    torch.save(model.state_dict(), tmp_path / "model.pt")
     args = pqn.Args(env_id="MinAtar/Breakout-v0", capture_video=True, eval_episodes=1)
-    scores = pqn.evaluate(str(tmp_path / "model.pt"), args, torch.device("cpu"), str(tmp_path / "videos"))
+    scores = pqn.evaluate(model.state_dict(), args, torch.device("cpu"), str(tmp_path / "videos"))
     assert len(scores) == 1 and list((tmp_path / "videos").glob("*.mp4"))
 
 
