@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import fcntl
-import importlib.util
 import json
 import os
 import re
@@ -51,7 +50,7 @@ FRESH_RESUME = "--resume-fresh-envs"  # how the cluster backends resume: new gam
 # A run stopped by SIGINT, SIGTERM or SIGHUP (after writing its checkpoint) exits with 128 + the signal's number; one
 # killed by it before the script could answer has the negative number. Either way it was asked to stop: no retry.
 STOP_CODES = {code for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) for code in (128 + sig, -sig)}
-RETURN_TAG, LAST_EPISODES = "charts/episodic_return", 100
+LAST_EPISODES = 100
 # Slurm: how often one run may be cut by --time and requeued (submitit's max_num_timeout); each piece resumes.
 MAX_TIMEOUTS = 100
 STOPPED_BEFORE_START = "not started: the launcher was stopped"
@@ -441,13 +440,15 @@ def find_checkpoint(workdir: str) -> Path | None:
     return max(checkpoints, key=lambda p: p.stat().st_mtime) if checkpoints else None
 
 
-def load_report():
-    """benchmark/report.py, the script beside this one (not a package): the launcher reads a run as its tables do."""
-    spec = importlib.util.spec_from_file_location("benchmark_report", Path(__file__).with_name("report.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+def import_run_reading():
+    """benchmark/run_reading.py, the module beside this one: the launcher reads a run as the report's tables do. Imported
+    here, not at the top, as a Ray or Slurm worker runs the launcher's functions without running its top."""
+    folder = str(Path(__file__).resolve().parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
+    import run_reading
+
+    return run_reading
 
 
 def final_return(workdir: str) -> float | None:
@@ -461,12 +462,12 @@ def run_final_return(run_dir: Path | str) -> float | None:
     episodes, where what an interrupted attempt logged after its last checkpoint is not counted twice."""
     if not Path(run_dir).is_dir():
         return None
-    report = load_report()
+    run_reading = import_run_reading()
     try:
-        run = report.read_run(Path(run_dir), quiet=True)
+        run = run_reading.read_run(Path(run_dir), quiet=True)
     except ValueError:  # a run the report leaves out as damaged has no final return either
         return None
-    return None if run is None else report.final_score(run.returns, LAST_EPISODES)
+    return None if run is None else run_reading.final_score(run.returns, LAST_EPISODES)
 
 
 class Attempt:
@@ -947,7 +948,7 @@ def print_summary(jobs: list[Job]) -> None:
     counts = [f"{stopped} stopped" if stopped else "", f"{failed} failed" if failed else ""]
     say(", ".join([f"{len(jobs) - failed - stopped}/{len(jobs)} runs succeeded", *filter(None, counts)]))
     if any(job.final_return is not None for job in jobs):
-        say(f"final return: mean {RETURN_TAG} of the last {LAST_EPISODES} training episodes")
+        say(f"final return: mean {import_run_reading().RETURN_TAG} of the last {LAST_EPISODES} training episodes")
 
 
 def main(argv: list[str] | None = None) -> int:

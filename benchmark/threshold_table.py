@@ -14,17 +14,17 @@ env ids and exp_names without runs (no table, no row) and seeds with fewer episo
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
-spec = importlib.util.spec_from_file_location("benchmark_report", Path(__file__).with_name("report.py"))
-report = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = report  # dataclasses look their module up here
-spec.loader.exec_module(report)
+BENCHMARK = str(Path(__file__).resolve().parent)
+if BENCHMARK not in sys.path:  # report.py and run_reading.py beside this file, where it is imported by its path
+    sys.path.append(BENCHMARK)
+import report  # noqa: E402
+import run_reading  # noqa: E402
 
 
 def first_step_at(steps: np.ndarray, returns: np.ndarray, threshold: float, window: int = 100) -> int | None:
@@ -47,11 +47,11 @@ def env_table(runs: list, exp_names: list[str], threshold: float, window: int) -
             continue
         short = [run.seed for run in members if len(run.returns) < window]
         if short:
-            report.warn(
+            run_reading.warn(
                 f"{exp_name} on {members[0].env_id}: seeds {short} logged fewer than {window} episodes: their return is "
                 "the mean of all they logged, and they reach no threshold"
             )
-        finals = np.array([report.final_score(run.returns, window) for run in members])
+        finals = np.array([run_reading.final_score(run.returns, window) for run in members])
         evals = [float(np.mean(run.eval_returns)) if len(run.eval_returns) else None for run in members]
         firsts = [first_step_at(run.steps, run.returns, threshold, window) for run in members]
         minutes = np.array([run.runtime_s / 60 for run in members])
@@ -91,18 +91,18 @@ def main(argv: list[str] | None = None) -> int:
         if not math.isfinite(threshold):
             parser.error(f"--thresholds={threshold}: must be finite numbers (a return the trailing mean can reach)")
     report.check_counts(args, {"last_episodes": report.MOST_COUNT, "total_timesteps": None})
-    runs, left_out = report.select_runs(args.runs_dir, args.exp_names, args.env_ids, args.seeds, args.total_timesteps)
+    runs, left_out = run_reading.select_runs(args.runs_dir, args.exp_names, args.env_ids, args.seeds, args.total_timesteps)
     where = " ".join(map(str, args.runs_dir))
     if not runs:
         print(f"error: no run of {' '.join(args.exp_names)} under {where}", file=sys.stderr)
         return 1
     for exp_name in args.exp_names:
         if not any(run.exp_name == exp_name for run in runs):
-            report.warn(f"requested exp_name {exp_name} has no runs under {where}; left out")
+            run_reading.warn(f"requested exp_name {exp_name} has no runs under {where}; left out")
     for env_id, threshold in zip(args.env_ids, args.thresholds):
         members = [run for run in runs if run.env_id == env_id]
         if not members:
-            report.warn(f"requested env id {env_id} has no runs under {where}; no table")
+            run_reading.warn(f"requested env id {env_id} has no runs under {where}; no table")
             continue
         report.print_output(f"### {env_id}\n\n{env_table(members, args.exp_names, threshold, args.last_episodes)}\n")
     if left_out:

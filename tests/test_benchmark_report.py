@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 pqn_sweep = benchmark_runs.pqn_sweep  # the fixture, made once per test session
 report = load_benchmark_module("report")
+run_reading = load_benchmark_module("run_reading")
 launch = load_benchmark_module("launch")
 
 
@@ -69,21 +70,21 @@ def runs_dir(tmp_path_factory):
 
 
 def test_parse_run_name():
-    assert report.parse_run_name("Breakout-v5__pqn_atari_envpool_lstm__3__1700000123") == {
+    assert run_reading.parse_run_name("Breakout-v5__pqn_atari_envpool_lstm__3__1700000123") == {
         "env_id": "Breakout-v5",
         "exp_name": "pqn_atari_envpool_lstm",
         "seed": 3,
         "timestamp": 1700000123,
         "suffix": 1,
     }
-    assert report.parse_run_name("CartPole-v1__pqn__2__1700000123_3")["suffix"] == 3
-    assert report.parse_run_name("CartPole-v1__pqn__1") is None
-    assert report.parse_run_name("wandb") is None
+    assert run_reading.parse_run_name("CartPole-v1__pqn__2__1700000123_3")["suffix"] == 3
+    assert run_reading.parse_run_name("CartPole-v1__pqn__1") is None
+    assert run_reading.parse_run_name("wandb") is None
 
 
 def test_read_run_keeps_every_episode_in_order(runs_dir):
-    (path,) = [p for p in report.find_run_dirs([runs_dir]) if p.name.startswith("CartPole-v1__pqn__2__")]
-    run = report.read_run(path)
+    (path,) = [p for p in run_reading.find_run_dirs([runs_dir]) if p.name.startswith("CartPole-v1__pqn__2__")]
+    run = run_reading.read_run(path)
     assert (run.env_id, run.exp_name, run.seed) == ("CartPole-v1", "pqn", 2)
     np.testing.assert_array_equal(run.returns, cartpole_returns(2))
     np.testing.assert_array_equal(run.steps, np.arange(1, 151) * 100)
@@ -105,15 +106,15 @@ def test_a_run_resumed_after_a_crash_counts_each_episode_once(tmp_path):
     for step in range(600, 1600, 100):
         resumed.add_scalar("charts/episodic_return", float(step), step)
     resumed.close()
-    run = report.read_run(run_dir)
+    run = run_reading.read_run(run_dir)
     np.testing.assert_array_equal(run.steps, np.arange(100, 1600, 100))
     np.testing.assert_array_equal(run.returns, [-1.0] * 5 + [float(step) for step in range(600, 1600, 100)])
-    assert report.final_score(run.returns, 100) == pytest.approx((-5 + sum(range(600, 1600, 100))) / 15)
-    assert launch.final_return(str(tmp_path)) == report.final_score(run.returns, 100)
+    assert run_reading.final_score(run.returns, 100) == pytest.approx((-5 + sum(range(600, 1600, 100))) / 15)
+    assert launch.final_return(str(tmp_path)) == run_reading.final_score(run.returns, 100)
 
 
 def test_final_performance_table(runs_dir):
-    runs = report.load_runs([runs_dir])
+    runs = run_reading.load_runs([runs_dir])
     assert len(runs) == 3 + 6
     groups = report.group_runs(runs, last_episodes=100)
     cartpole = groups[("pqn", "CartPole-v1")]
@@ -163,13 +164,13 @@ def test_a_cell_of_one_seed_says_so_and_seeds_that_agree_keep_their_zero_spread(
 def test_an_episode_record_reads_back_as_the_run_it_was_written_from(runs_dir, tmp_path):
     """The record of a run (what the repository keeps of a benchmark run) holds every field the report uses, bitwise,
     and is the same bytes when written twice."""
-    (path,) = [p for p in report.find_run_dirs([runs_dir]) if p.name.startswith("CartPole-v1__pqn__2__")]
-    run = report.read_run(path)
+    (path,) = [p for p in run_reading.find_run_dirs([runs_dir]) if p.name.startswith("CartPole-v1__pqn__2__")]
+    run = run_reading.read_run(path)
     run.returns[3] = 0.1 + 1e-9  # a value with no short decimal form; the written ones are float32
     run.total_timesteps = 15000
     record = report.write_episodes(run, tmp_path / "records")
     assert record.name == path.name + ".episodes.csv.gz"
-    again = report.read_run(record)
+    again = run_reading.read_run(record)
     assert (again.env_id, again.exp_name, again.seed, again.path) == ("CartPole-v1", "pqn", 2, record)
     for field in ("steps", "returns", "eval_returns"):
         np.testing.assert_array_equal(getattr(again, field), getattr(run, field))
@@ -181,9 +182,9 @@ def test_an_episode_record_reads_back_as_the_run_it_was_written_from(runs_dir, t
     not_a_record.parent.mkdir()
     not_a_record.write_bytes(gzip.compress(b"step,return\n1,2\n"))
     with pytest.raises(ValueError, match="not an episode record"):
-        report.read_run(not_a_record)
+        run_reading.read_run(not_a_record)
     (tmp_path / "other" / "CartPole-v1__pqn__3__1.episodes.csv.gz").write_bytes(b"not gzip")
-    runs, left_out = report.select_runs([tmp_path / "other"])
+    runs, left_out = run_reading.select_runs([tmp_path / "other"])
     assert runs == [] and [reason.split(" (")[0] for _, reason in left_out] == ["not an episode record"] * 2
 
 
@@ -199,7 +200,7 @@ def test_a_report_from_episode_records_is_the_report_from_the_run_folders(runs_d
     tables = (from_folders / "results.md").read_text().split("Episode records")[0].strip()
     assert tables == (from_records / "results.md").read_text().strip()
     assert "| CartPole-v1 | 204.50 ± 81.65 |" in tables
-    both = report.find_run_dirs([runs_dir, tmp_path / "rec"])
+    both = run_reading.find_run_dirs([runs_dir, tmp_path / "rec"])
     assert not any(path.name.endswith(".episodes.csv.gz") for path in both)
 
 
@@ -225,7 +226,7 @@ def test_atari_game_names_match_the_score_table():
 
 
 def test_human_normalized_scores_and_aggregates(runs_dir):
-    groups = report.group_runs(report.load_runs([runs_dir]), last_episodes=100)
+    groups = report.group_runs(run_reading.load_runs([runs_dir]), last_episodes=100)
     env_ids = ["CartPole-v1", "Breakout-v5", "Pong-v5", "MsPacman-v5"]
     matrices = report.human_normalized_matrices(
         groups, ["pqn", "pqn_atari_envpool"], env_ids, report.load_human_random_scores()
@@ -255,7 +256,7 @@ def test_human_normalized_scores_and_aggregates(runs_dir):
 
 
 def test_smoothed_curve_keeps_last_episode_per_step():
-    run = report.Run("E", "x", 1, Path("."), np.array([10, 10, 20, 40]), np.array([1.0, 3.0, 5.0, 7.0]), 0.0)
+    run = run_reading.Run("E", "x", 1, Path("."), np.array([10, 10, 20, 40]), np.array([1.0, 3.0, 5.0, 7.0]), 0.0)
     steps, values = report.smoothed_curve(run, window=2)
     # trailing 2-episode means: 1, 2, 4, 6; at step 10 the later episode (mean 2) counts
     np.testing.assert_array_equal(steps, [10, 20, 40])
@@ -263,8 +264,8 @@ def test_smoothed_curve_keeps_last_episode_per_step():
 
 
 def test_learning_curve_on_common_grid():
-    a = report.Run("E", "x", 1, Path("."), np.array([0, 10, 20]), np.array([0.0, 10.0, 20.0]), 0.0)
-    b = report.Run("E", "x", 2, Path("."), np.array([5, 15, 25]), np.array([30.0, 30.0, 30.0]), 0.0)
+    a = run_reading.Run("E", "x", 1, Path("."), np.array([0, 10, 20]), np.array([0.0, 10.0, 20.0]), 0.0)
+    b = run_reading.Run("E", "x", 2, Path("."), np.array([5, 15, 25]), np.array([30.0, 30.0, 30.0]), 0.0)
     grid, mean, std = report.learning_curve([a, b], num_points=3, window=1)
     # grid spans only what both runs cover: 5 .. 20; run a is linear (value = step), run b constant 30
     np.testing.assert_allclose(grid, [5.0, 12.5, 20.0])
@@ -298,8 +299,8 @@ def test_names_of_runs_started_in_the_same_second_are_read(tmp_path, monkeypatch
     args = SimpleNamespace(env_id="CartPole-v1", exp_name="pqn", seed=4)
     names = [run_folder.new_run_name(args) for _ in range(3)]
     assert names[1:] == [names[0] + "_2", names[0] + "_3"]
-    assert [report.parse_run_name(name)["suffix"] for name in names] == [1, 2, 3]
-    assert {report.parse_run_name(name)["seed"] for name in names} == {4}
+    assert [run_reading.parse_run_name(name)["suffix"] for name in names] == [1, 2, 3]
+    assert {run_reading.parse_run_name(name)["seed"] for name in names} == {4}
 
 
 def test_report_of_a_real_sweep_counts_suffixed_runs_and_names_what_it_leaves_out(pqn_sweep, tmp_path, capsys):
@@ -314,9 +315,9 @@ def test_report_of_a_real_sweep_counts_suffixed_runs_and_names_what_it_leaves_ou
     assert console[0] == f"report.py: 2 runs reported; writing {out / 'sweep.md'}"  # where, before anything else
     assert markdown.split("Left out")[0].strip() in captured.out  # the tables, as written
     # seeds 1 and 2 (its folder suffixed _2); each run's final score is the return(100) the script printed at its end
-    runs, _ = report.select_runs([runs_dir], ["pqn"], ["CartPole-v1"], [1, 2, 3], 8192)
+    runs, _ = run_reading.select_runs([runs_dir], ["pqn"], ["CartPole-v1"], [1, 2, 3], 8192)
     assert sorted(run.path for run in runs) == sorted([folders["newer"], folders["suffixed"]])
-    scores = {run.seed: report.final_score(run.returns, 100) for run in runs}
+    scores = {run.seed: run_reading.final_score(run.returns, 100) for run in runs}
     assert scores == pytest.approx(finished, abs=0.006)
     mean, std = np.mean(list(finished.values())), np.std(list(finished.values()))
     row = next(line for line in markdown.splitlines() if line.startswith("| CartPole-v1 | ") and "±" in line)
@@ -335,7 +336,7 @@ def test_report_of_a_real_sweep_counts_suffixed_runs_and_names_what_it_leaves_ou
 
 def test_report_without_filters_reports_every_newest_run(pqn_sweep, tmp_path, capsys):
     runs_dir, _, _, left_out = pqn_sweep
-    runs, left = report.select_runs([runs_dir])
+    runs, left = run_reading.select_runs([runs_dir])
     assert sorted((run.exp_name, run.seed) for run in runs) == [("pqn", 1), ("pqn", 2), ("pqn", 3), ("pqn_lr_sweep", 1)]
     (older,) = [path for path, why in left_out.items() if why.startswith("an earlier run")]
     assert [path for path, _ in left] == [older]
@@ -372,7 +373,7 @@ def warning_lines(capsys) -> list[str]:
 def run_of(seed, steps, returns=None, exp_name="x", env_id="E"):
     steps = np.asarray(steps)
     returns = np.arange(len(steps), dtype=np.float64) if returns is None else np.asarray(returns, dtype=np.float64)
-    return report.Run(env_id, exp_name, seed, Path("."), steps, returns, 0.0)
+    return run_reading.Run(env_id, exp_name, seed, Path("."), steps, returns, 0.0)
 
 
 def test_report_warns_about_requested_ids_without_runs(runs_dir, tmp_path, capsys):
@@ -546,7 +547,7 @@ def test_launcher_summary_with_an_output_dir(tmp_path):
     ok = summary_rows(result.stdout)["CartPole-v1 seed 2"]
     (folder,) = (tmp_path / "out" / "pqn" / "CartPole-v1__2" / "runs").iterdir()
     assert ok[4] == str(folder.relative_to(tmp_path))
-    assert float(ok[3]) == pytest.approx(report.final_score(report.read_run(folder).returns, 100))
+    assert float(ok[3]) == pytest.approx(run_reading.final_score(run_reading.read_run(folder).returns, 100))
 
 
 def test_launcher_says_why_a_run_failed(tmp_path):

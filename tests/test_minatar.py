@@ -146,8 +146,8 @@ def test_minatar_videos_record_the_game_as_played(monkeypatch, tmp_path):
 
 
 def test_the_report_reads_minatar_run_folders():
-    report = load_benchmark_module("report")
-    assert report.parse_run_name("MinAtar-Breakout-v0__pqn__3__1700000000_2")["env_id"] == "MinAtar/Breakout-v0"
+    run_reading = load_benchmark_module("run_reading")
+    assert run_reading.parse_run_name("MinAtar-Breakout-v0__pqn__3__1700000000_2")["env_id"] == "MinAtar/Breakout-v0"
 
 
 def test_random_play_scores_whole_games_repeatably_and_refuses_other_ids(monkeypatch):

@@ -16,6 +16,7 @@ from benchmark_runs import load_benchmark_module
 
 REPO = Path(__file__).resolve().parents[1]
 report = load_benchmark_module("report")
+run_reading = load_benchmark_module("run_reading")
 threshold_table = load_benchmark_module("threshold_table")
 
 HEADER = "# runtime_s=60.0 total_timesteps=1000"
@@ -63,7 +64,7 @@ def test_a_record_that_inflates_beyond_the_bound_is_refused(tmp_path):
     path = tmp_path / "CartPole-v1__pqn__1__1700000001.episodes.csv.gz"
     path.write_bytes(gzip.compress(head) + repeated_gzip_member(row * (2**20 // len(row)), 100))
     with pytest.raises(ValueError, match="inflates beyond 64 MiB") as refused:
-        report.read_run(path)
+        run_reading.read_run(path)
     assert str(refused.value).startswith(f"{path}: not an episode record (")
 
 
@@ -74,7 +75,7 @@ def test_a_record_of_one_endless_line_is_refused_before_its_memory_is_spent(tmp_
     )
     tracemalloc.start()
     with pytest.raises(ValueError, match="line 3 is longer than 256 bytes"):
-        report.read_run(path)
+        run_reading.read_run(path)
     assert tracemalloc.get_traced_memory()[1] < 4 * 2**20  # of the 1 GiB it inflates to
     tracemalloc.stop()
 
@@ -82,17 +83,17 @@ def test_a_record_of_one_endless_line_is_refused_before_its_memory_is_spent(tmp_
 def test_a_record_file_larger_than_the_bound_is_refused_unread(tmp_path):
     path = write_record(tmp_path, honest_rows())
     with open(path, "r+b") as file:
-        file.truncate(report.EPISODE_RECORD_MAX_BYTES + 1)  # sparse: made at once, and never read
+        file.truncate(run_reading.EPISODE_RECORD_MAX_BYTES + 1)  # sparse: made at once, and never read
     with pytest.raises(ValueError, match="it is larger than 64 MiB"):
-        report.read_run(path)
+        run_reading.read_run(path)
 
 
 def test_the_inflation_bound_counts_every_byte_of_the_record(tmp_path, monkeypatch):
     path = write_record(tmp_path, honest_rows(100))
-    assert len(report.read_run(path).returns) == 100
-    monkeypatch.setattr(report, "EPISODE_RECORD_MAX_BYTES", len(gzip.decompress(path.read_bytes())) - 1)
+    assert len(run_reading.read_run(path).returns) == 100
+    monkeypatch.setattr(run_reading, "EPISODE_RECORD_MAX_BYTES", len(gzip.decompress(path.read_bytes())) - 1)
     with pytest.raises(ValueError, match="inflates beyond"):
-        report.read_run(path)
+        run_reading.read_run(path)
 
 
 @pytest.mark.parametrize(
@@ -145,7 +146,7 @@ def test_a_folder_or_fifo_named_like_a_record_is_left_out_without_blocking(tmp_p
     os.mkfifo(tmp_path / "runs" / "CartPole-v1__pqn__1__1700000001.episodes.csv.gz")
     (tmp_path / "runs" / "CartPole-v1__pqn__3__1700000003.episodes.csv.gz").mkdir()
     write_record(tmp_path / "runs", honest_rows(), name="CartPole-v1__pqn__2__1700000002")
-    runs, left_out = report.select_runs([tmp_path / "runs"])
+    runs, left_out = run_reading.select_runs([tmp_path / "runs"])
     assert [run.seed for run in runs] == [2]
     assert [why for _, why in left_out] == ["not an episode record (not a regular file)"] * 2
 
@@ -171,7 +172,7 @@ def test_an_event_file_record_of_a_hostile_length_is_refused_before_it_is_alloca
     with open(event_file, "ab") as file:
         file.write(length + struct.pack("<I", masked_crc32c(length)) + b"x" * 100)
     with pytest.raises(ValueError, match=f"the record at byte {honest_size:,} declares 1,099,511,627,776 bytes"):
-        report.read_run(run_dir)
+        run_reading.read_run(run_dir)
     write_event_run(tmp_path / "runs", [5.0] * 3, name="CartPole-v1__pqn__2__1700000002")
     status, out, err = run_report(
         ["--runs-dir", str(tmp_path / "runs"), "--output-dir", str(tmp_path / "out"), "--no-plot"], capsys
@@ -184,7 +185,7 @@ def test_an_event_file_cut_short_while_writing_is_read_up_to_its_last_whole_reco
     run_dir = write_event_run(tmp_path / "runs", [1.0, 2.0, 3.0])
     (event_file,) = run_dir.glob("events.out.tfevents.*")
     event_file.write_bytes(event_file.read_bytes()[:-10])  # a run killed in the middle of its last record
-    np.testing.assert_array_equal(report.read_run(run_dir).returns, [1.0, 2.0])
+    np.testing.assert_array_equal(run_reading.read_run(run_dir).returns, [1.0, 2.0])
 
 
 def test_an_event_file_damaged_in_its_middle_is_left_out_not_read_in_part(tmp_path):
@@ -195,7 +196,7 @@ def test_an_event_file_damaged_in_its_middle_is_left_out_not_read_in_part(tmp_pa
     data[data.index(b"episodic_return", len(data) // 2)] ^= 1  # a letter of a tag in the middle of the file
     event_file.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="TensorBoard stops reading a file at a damaged record \\(failed event crc32 check"):
-        report.read_run(run_dir)
+        run_reading.read_run(run_dir)
 
 
 def test_a_run_whose_event_files_would_not_fit_in_memory_is_left_out(tmp_path, monkeypatch):
@@ -203,23 +204,23 @@ def test_a_run_whose_event_files_would_not_fit_in_memory_is_left_out(tmp_path, m
 
     run_dir = write_event_run(tmp_path / "runs", [1.0, 2.0])
     size = sum(path.stat().st_size for path in run_dir.glob("events*"))
-    monkeypatch.setattr(flag_checks, "available_memory_bytes", lambda: size * report.EVENT_MEMORY_FACTOR - 1)
+    monkeypatch.setattr(flag_checks, "available_memory_bytes", lambda: size * run_reading.EVENT_MEMORY_FACTOR - 1)
     with pytest.raises(ValueError, match="which need about .* GB to read, and .* GB are available"):
-        report.read_run(run_dir)
-    monkeypatch.setattr(flag_checks, "available_memory_bytes", lambda: size * report.EVENT_MEMORY_FACTOR)
-    assert len(report.read_run(run_dir).returns) == 2
+        run_reading.read_run(run_dir)
+    monkeypatch.setattr(flag_checks, "available_memory_bytes", lambda: size * run_reading.EVENT_MEMORY_FACTOR)
+    assert len(run_reading.read_run(run_dir).returns) == 2
 
 
 def test_an_event_file_that_is_a_fifo_is_left_out_without_blocking(tmp_path):
     run_dir = write_event_run(tmp_path / "runs", [1.0])
     os.mkfifo(run_dir / "events.out.tfevents.2.host")
     with pytest.raises(ValueError, match="events.out.tfevents.2.host is not a regular file"):
-        report.read_run(run_dir)
+        run_reading.read_run(run_dir)
 
 
 def test_an_event_run_of_nan_scores_is_left_out(tmp_path):
     run_dir = write_event_run(tmp_path / "runs", [1.0, float("nan")])
-    runs, left_out = report.select_runs([tmp_path / "runs"])
+    runs, left_out = run_reading.select_runs([tmp_path / "runs"])
     assert runs == [] and left_out == [(run_dir, "training episode returns hold 1 value that no game scores "
                                                  "(NaN, infinite or beyond ±1e+15), the first nan")]  # fmt: skip
 

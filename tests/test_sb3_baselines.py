@@ -17,7 +17,7 @@ pytest.importorskip("sb3_contrib")
 
 
 sb3_baselines = load_benchmark_module("sb3_baselines")
-report = load_benchmark_module("report")
+run_reading = load_benchmark_module("run_reading")
 
 
 def scalars(run_dir: str, tag: str) -> tuple[np.ndarray, np.ndarray]:
@@ -52,7 +52,7 @@ def test_cartpole_returns_equal_lengths_and_end_at_the_steps_played(tmp_path):
     assert len(scalars(run_dir, "charts/SPS")[1]) == len(returns)
     assert len(scalars(run_dir, "eval/episodic_return")[1]) == 2
 
-    run = report.load_runs([tmp_path])[0]
+    run = run_reading.load_runs([tmp_path])[0]
     assert (run.env_id, run.exp_name, run.seed) == ("CartPole-v1", "sb3_dqn", 1)
     np.testing.assert_array_equal(run.returns, returns)
 
@@ -66,7 +66,7 @@ def test_acrobot_returns_are_minus_one_per_step_but_the_last(tmp_path):
     expected = np.where(lengths == 500, -500.0, -(lengths - 1.0))
     np.testing.assert_array_equal(returns, expected)
     np.testing.assert_array_equal(steps, np.cumsum(lengths))
-    assert report.load_runs([tmp_path])[0].exp_name == "sb3_qrdqn"
+    assert run_reading.load_runs([tmp_path])[0].exp_name == "sb3_qrdqn"
 
 
 def test_rl_zoo_budgets_are_the_default_and_bad_flags_stop_in_one_line(tmp_path, monkeypatch):
@@ -100,7 +100,7 @@ def test_minatar_runs_use_the_scripts_torso_and_log_like_them(algo, tmp_path):
     assert Path(run_dir).name.startswith("MinAtar-Breakout-v0__sb3_")
     steps, returns = scalars(run_dir, "charts/episodic_return")
     assert len(returns) >= 20 and np.all(returns >= 0)  # a brick pays 1; random play scores about 0.5 a game
-    run = report.load_runs([tmp_path])[0]
+    run = run_reading.load_runs([tmp_path])[0]
     assert (run.env_id, run.exp_name) == ("MinAtar/Breakout-v0", f"sb3_{algo}")
     kwargs = sb3_baselines.HYPERPARAMS[(algo, "MinAtar/Breakout-v0")]["policy_kwargs"]
     assert kwargs["features_extractor_class"] is sb3_baselines.MinAtarTorso and kwargs["net_arch"] == [128]

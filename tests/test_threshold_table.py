@@ -8,7 +8,7 @@ from benchmark_runs import load_benchmark_module
 
 pqn_sweep = benchmark_runs.pqn_sweep  # the fixture, made once per test session
 threshold_table = load_benchmark_module("threshold_table")
-report = threshold_table.report
+run_reading = threshold_table.run_reading
 
 
 def first_step_by_loop(steps, returns, threshold, window):
@@ -46,7 +46,7 @@ def test_table_of_a_real_sweep(pqn_sweep, capsys):
     rows = {line.split("|")[2].strip(): line for line in out.splitlines() if line.startswith("| pqn | ")}
     assert sorted(rows) == ["1", "2"]  # seed 2's folder ends in _2; seed 3 ran 4096 steps
     for seed, folder in ((1, folders["newer"]), (2, folders["suffixed"])):
-        run = report.read_run(folder)
+        run = run_reading.read_run(folder)
         first = first_step_by_loop(run.steps, run.returns, threshold, 10)
         cells = [cell.strip() for cell in rows[str(seed)].split("|")[1:-1]]
         assert cells[2] == f"{np.mean(run.returns[-10:]):.1f}"
