@@ -114,7 +114,6 @@ def test_recurrent_state_is_zeroed_at_every_life_start(monkeypatch, tmp_path):
     """Training zeroes the LSTM state at each life start (after envpool's reset step); evaluation does the same."""
     monkeypatch.chdir(tmp_path)
     module = pqn_atari_envpool_lstm
-    torch.save(noop_model(module).state_dict(), tmp_path / "model.pt")
     firsts = []
 
     class RecordingQNetwork(module.QNetwork):
@@ -127,7 +126,7 @@ def test_recurrent_state_is_zeroed_at_every_life_start(monkeypatch, tmp_path):
     monkeypatch.setattr(
         module, "make_env", lambda *a, **k: pools.append(CountingEnvs(make_env(*a, **k), STEP_BUDGET)) or pools[-1]
     )
-    module.evaluate(str(tmp_path / "model.pt"), eval_args(module, eval_episodes=1), torch.device("cpu"))
+    module.evaluate(noop_model(module).state_dict(), eval_args(module, eval_episodes=1), torch.device("cpu"), "videos/run")
     firsts = np.array(firsts)[:, 0]
     # The game's first observation, then the observation after each of the 4 reset steps that follow a lost life.
     assert firsts[0] and firsts.sum() == 5
