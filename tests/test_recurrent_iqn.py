@@ -445,7 +445,7 @@ def test_noop_policy_finishes_an_evaluation_game_of_breakout(capture_video, monk
         return np.zeros(len(obs), dtype=np.int64)
 
     monkeypatch.setattr(module.Agent, "act", noop)
-    scores = module.evaluate(str(tmp_path / "model.pt"), args, torch.device("cpu"))
+    scores = module.evaluate(torch.load(tmp_path / "model.pt", weights_only=True), args, torch.device("cpu"), "videos/eval")
     assert len(scores) == 1 and len(firsts) < 1000  # the old evaluation waited for the 2000-step cap
     assert sum(firsts) == 5  # the game's start and the start of each of the 4 later lives
 
