@@ -13,6 +13,7 @@ from cleanrl_q_utils.checkpoint_files import (
     content_digest,
     flag_of_another_type,
     header_error,
+    learned_entries,
     read_checkpoint,
 )
 from cleanrl_q_utils.flag_checks import flag_error, is_plain_name, rounded_total
@@ -72,7 +73,7 @@ def resume(given, script: str, checkpoint_format: int):
         flag_error("resume", given.resume, f"not a readable checkpoint ({type(error).__name__}: {error})")
     # The learned entries Run.save named: refused here, before a run folder or log is touched, rather than resumed and
     # later named as the last good checkpoint by the NaN stop.
-    if not all_finite([checkpoint["state"][key] for key in checkpoint.get("learned", [])]):
+    if not all_finite([checkpoint["state"][key] for key in learned_entries(checkpoint)]):
         flag_error("resume", given.resume, "its networks or optimizers hold NaN or inf; resume from an earlier checkpoint")
     saved = {**{name: getattr(type(given)(), name) for name in LATER_FLAGS & names}, **checkpoint["args"]}
     # How to resume is said anew each time: --resume, and --resume-fresh-envs (fresh games, or the exact replay).
@@ -110,18 +111,6 @@ def flags_given(args) -> set[str]:
             name = token[2:].split("=", 1)[0].replace("-", "_")
             given |= {name, name[3:]} & names if name.startswith("no_") else {name} & names
     return given
-
-
-def cli(main, args_class, minatar: Optional[dict] = None, atari: Optional[dict] = None) -> None:
-    """A script's command line: parses the flags into `args_class` and runs `main`. A run stopped by a signal (after
-    writing its checkpoint) leaves `main` with SystemExit(128 + the signal's number): shells and schedulers tell it
-    from a finished run by that exit status. `minatar` and `atari` are the configurations that a MinAtar id or an
-    Atari id brings (the script's MINATAR_DEFAULTS, ATARI_DEFAULTS): `--help` shows their values."""
-    import tyro
-
-    if {"-h", "--help"} & set(sys.argv[1:]):  # tyro's help is one flat list; the flags read better by group
-        return print_grouped_help(args_class, sys.modules[args_class.__module__].__doc__, minatar, atari)
-    main(tyro.cli(args_class))
 
 
 def parse(args_class, minatar: Optional[dict] = None, atari: Optional[dict] = None):

@@ -1,10 +1,11 @@
-"""Model files: `--save-model` writes the weights with every flag of the run (`save_model`), `--eval-only --model-path`
-reads them back without running code and rebuilds the agent from the saved flags (`evaluate_only`)."""
+"""Model files: `--save-model` writes the weights with every flag of the run (`save_weights`), `--eval-only --model-path`
+reads them back without running code (`read_for_evaluation`): the script rebuilds the agent from the saved flags and
+loads the weights into it (`put_weights`)."""
 
 import os
 import time
 from dataclasses import fields, replace
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -28,12 +29,7 @@ EVALUATION_FLAGS = ("eval_only", "model_path", "eval_episodes", "eval_epsilon", 
 TRAINING_RUN_FLAGS = ("resume",)
 
 
-MODEL_FILE = "cleanrl-q model"  # marks a model file written by `save_model`
-
-
-def save_model(path: str, script: str, args, network: nn.Module) -> None:
-    """`save_weights` of `network`'s state_dict."""
-    save_weights(path, script, args, network.state_dict())
+MODEL_FILE = "cleanrl-q model"  # marks a model file written by `save_weights`
 
 
 def save_weights(path: str, script: str, args, weights: dict) -> None:
@@ -47,9 +43,7 @@ def read_model_file(path: str) -> dict:
     """The contents of a model file, loaded without running code and within bounded memory (`load_safely`): a dict of
     its `kind`, `script`, `args` (plain values) and `model` (weights: names and tensors). A file of bare weights
     (written before flags were saved) reads as {"model": ...}. Any other shape, or weights that hold NaN or inf, is
-    refused in one line. While `evaluate_only` runs, the file it read is not read again (`held`)."""
-    if path in held:
-        return held[path]
+    refused in one line."""
     try:
         saved = load_safely(path)
     except Exception as error:
@@ -65,13 +59,8 @@ def read_model_file(path: str) -> dict:
     return saved
 
 
-# The model file `evaluate_only` read, by path, while it evaluates it: the script's `evaluate` loads its weights
-# (`load_weights`) from what was read and checked once, not from a second read of a file that may have changed.
-held: dict[str, dict] = {}
-
-
 def model_file_error(saved: dict) -> Optional[str]:
-    """Why `saved` (a model file's contents, or {"model": bare weights}) has not the shape `save_model` writes, or None."""
+    """Why `saved` (a model file's contents, or {"model": bare weights}) has not the shape `save_weights` writes, or None."""
     fields_of = dict(kind=str, script=str, args=dict) if "kind" in saved else {}
     for field, kind in fields_of.items():
         if not isinstance(saved.get(field), kind):
@@ -88,11 +77,6 @@ def model_file_error(saved: dict) -> Optional[str]:
     if not all_finite(weights):
         return "its weights hold NaN or inf"
     return None
-
-
-def load_weights(network: nn.Module, path: str, device) -> None:
-    """Loads the weights of the model file at `path` into `network` (see `put_weights`)."""
-    put_weights(network, read_model_file(path)["model"], path)
 
 
 def put_weights(network: nn.Module, weights: dict, path: Optional[str]) -> None:
@@ -112,48 +96,6 @@ def evaluation_line(path: str, scores: list[float]) -> str:
         f"evaluation of {path} over {len(scores)} episodes: mean {np.mean(scores):.2f} ± {np.std(scores):.2f} "
         f"(min {np.min(scores):.2f}, max {np.max(scores):.2f})"
     )
-
-
-def evaluate_only(given, script: str, validate: Callable, evaluate: Callable) -> list[float]:
-    """--eval-only --model-path PATH: rebuilds the saved agent with the flags saved beside its weights and plays
-    `--eval-episodes` evaluation episodes (recorded with --capture-video); prints and returns their scores. Only
-    EVALUATION_FLAGS come from the command line; other flags given that differ from the saved ones are named."""
-    check_evaluation_flags(given)
-    saved, name = read_model_file(given.model_path), os.path.basename(script)
-    if "args" not in saved:
-        print(f"note: {given.model_path} holds weights only: the network is built from the command-line flags")
-        args = given
-    elif saved["script"] != name:
-        flag_error("model_path", given.model_path, f"written by {saved['script']}, not {name}")
-    elif wrong := flag_of_another_type(saved["args"], type(given)()):  # checked before any flag is used
-        flag_error(
-            "model_path", given.model_path, f"not a readable model file (its flag {wrong} holds {saved['args'][wrong]!r:.60})"
-        )
-    else:
-        names, defaults = {field.name for field in fields(given)}, type(given)()
-        taken = names.difference(EVALUATION_FLAGS, TRAINING_RUN_FLAGS)
-        kept = {key: value for key, value in saved["args"].items() if key in taken}
-        for key, value in kept.items():
-            if getattr(given, key) not in (value, getattr(defaults, key)):
-                print(f"eval-only: ignoring --{key.replace('_', '-')}={getattr(given, key)}; the model's value is {value}")
-        args = replace(given, **kept)
-    validate(args)
-    # Seeded, so that an evaluation repeats exactly; a training run's own evaluation instead continues the generators
-    # that training advanced (same environment seeds, other random draws: see docs/get-started/basic-usage.md).
-    seed_everything(args.seed, getattr(args, "torch_deterministic", True))
-    device = pick_device(args.cuda)
-    print(f"{name}: evaluating {args.model_path} on {args.env_id}, device {describe_device(device, args.cuda)}")
-    # No run folder: an evaluation leaves nothing in the model's run folder, whose run may be going on.
-    video_folder = f"videos/{os.path.basename(os.path.dirname(os.path.abspath(args.model_path)))}-eval-{int(time.time())}"
-    held[args.model_path] = saved
-    try:
-        scores = evaluate(args.model_path, args, device, video_folder) if args.eval_episodes else []  # 0: envpool builds none
-    finally:
-        held.pop(args.model_path, None)
-    print(evaluation_line(args.model_path, scores))
-    if args.capture_video:
-        print(f"videos in {video_folder}")
-    return scores
 
 
 def read_for_evaluation(given, script: str) -> tuple:

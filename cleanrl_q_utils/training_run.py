@@ -1,22 +1,30 @@
-"""The life of one training run, as a script's `main` writes it:
+"""The life of one training run, as a script's `main` writes it. The script calls the package and gets values back;
+the package never receives a function of the script:
 
     if args.eval_only:  # --eval-only --model-path: rebuild a saved agent and evaluate it, no training
-        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+        args, weights = model_files.read_for_evaluation(args, __file__)  # the model file's flags and weights
+        validate_args(args)
+        device, video_folder = model_files.start_evaluation(args, __file__)
+        return model_files.report_evaluation(args, evaluate(weights, args, device, video_folder), video_folder)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)  # --resume: the checkpoint, its flags
     memory = validate_args(args)  # flag ranges (flag_checks), the script's own cross-flag rules, the memory it needs
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, memory=memory) as run:  # start-up block, logs
         ...build envs, networks, buffers on run.device (the generators are seeded)...
-        def checkpoint_state(iterations_done=num_iterations): return learner | actors | logs  # all a resume needs
+        def checkpoint_state(iterations_done): return dict(q_network=q_network.state_dict(), ...)  # plain values
         if checkpoint:
-            saved = run.restore(checkpoint_state())  # in place; the script takes its plain numbers from `saved`
-            envs, obs = run.fast_forward(envs, action_log, obs, stats)  # and sets its own flags for fresh envs
+            with run.restoring() as saved:  # the saved plain values; the generators are restored on leaving
+                q_network.load_state_dict(saved["q_network"]) ...  # the script fills its own objects
+            envs, obs = run.fast_forward(envs, action_log, obs, stats)
         progress = run.progress(global_step)
         for ...:
-            ...
-            if run.checkpoint_or_stop(global_step, steps_this_iteration, is_last, lambda: checkpoint_state(iteration)):
+            ...each update returns torch.isfinite(grad_norm); updates_finite &= it, on the device...
+            if logging: run.check_finite(updates_finite, global_step)  # the NaN stop, one read per log line
+            if run.checkpoint_due(global_step, steps_this_iteration, is_last):
+                run.save(global_step, checkpoint_state(iteration + 1), learned=("q_network", "optimizer"))
+            if run.stopped:  # a signal asked to stop; the checkpoint just written says how to continue
                 break
-        if args.save_model and not run.stopped:
-            run.save_and_evaluate(q_network, evaluate, run.device)
+        if args.save_model and not run.stopped and (model_path := run.save_model(q_network.state_dict())):
+            run.log_evaluation(model_path, evaluate(q_network.state_dict(), args, device, run.video_folder))
         run.finish(stats.scores)  # the summary line
 
 `Run` holds the run folder and its lock, the TensorBoard writer (W&B with --track), the signal handlers and the
@@ -28,11 +36,10 @@ import shlex
 import shutil
 import threading
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
-import torch.nn as nn
 from torch.utils.tensorboard import SummaryWriter
 
 from cleanrl_q_utils import checkpoint_files, environments, episode_scores, model_files, run_folder, stop_signals
@@ -58,7 +65,7 @@ class Run:
         self.learning_resumes_at = None  # set by note_empty_replay
         self.training_done_after_save = False  # set by checkpoint_due
         self.stopped, self.created, self.last_checkpoint, self.dir = False, False, None, None
-        self.global_step = self.start_step = checkpoint["global_step"] if checkpoint else 0  # last step checkpoint_or_stop saw
+        self.global_step = self.start_step = checkpoint["global_step"] if checkpoint else 0  # last step checkpoint_due saw
         # The step at which the current envs started their first games: 0, or that of the last --resume-fresh-envs.
         # They are seeded with seed + that step (envpool takes 31-bit seeds), so that new games are not the first ones.
         fresh = checkpoint is not None and args.resume_fresh_envs
@@ -118,31 +125,6 @@ class Run:
             f"resume: the replay was not saved (--checkpoint-replay was off): it refills from empty, and learning "
             f"resumes at step {learning_resumes_at}"
         )
-
-    def save_and_evaluate(self, network: nn.Module, evaluate: Callable, device: torch.device) -> list[float]:
-        """--save-model at the end of training: writes the model file, then plays the evaluation episodes with it
-        (recorded with --capture-video), logs their scores and prints their mean."""
-        if self.signals.stop_requested:  # asked to stop before the loop took a step (a resume of a finished run)
-            self.stopped = True
-            print(f"stopped before the final evaluation; the checkpoint is unchanged: {self.last_checkpoint}")
-            return []
-        path = f"{self.dir}/{self.args.exp_name}.cleanrl_model"
-        try:
-            model_files.save_model(path, self.script, self.args, network)
-        except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
-            last = self.last_checkpoint or "none written"
-            run_folder.stop_on_disk_error(
-                f"error: writing the model file {path} failed ({error}); last good checkpoint: {last}"
-            )
-        print(f"model saved to {path}")
-        # --eval-episodes 0 plays none: no envs are built for it (envpool refuses 0 of them)
-        self.eval_scores = evaluate(path, self.args, device, f"{self.dir}/videos") if self.args.eval_episodes else []
-        for episode, score in enumerate(self.eval_scores):
-            self.writer.add_scalar("eval/episodic_return", score, episode)
-        print(model_files.evaluation_line(path, self.eval_scores))
-        if getattr(self.args, "capture_video", False):
-            print(f"videos in {self.dir}/videos")
-        return self.eval_scores
 
     def save_model(self, weights: dict) -> Optional[str]:
         """--save-model at the end of training: writes `weights` (the network's state_dict) with every flag of the run to
@@ -253,23 +235,12 @@ class Run:
         self.signals.replaying = False
         return envs, obs
 
-    def restore(self, state: dict) -> dict:
-        """Loads the checkpoint into `state` (the script's checkpoint state) in place, then the random generators;
-        returns the saved entries, from which the script takes its plain numbers."""
-        saved = checkpoint_files.restore_state(self.checkpoint, state, self.args)
-        step, restored = self.checkpoint["global_step"], ", ".join(sorted(saved))
-        print(f"resume: continuing {self.name} from step {step}; restored {restored} and the random generators")
-        return saved
-
-    def save(self, global_step: int, state: dict, learned: Optional[tuple] = None) -> str:
+    def save(self, global_step: int, state: dict, learned: tuple) -> str:
         """Writes the checkpoint of `state` (plain values: state dicts, arrays, numbers) at `global_step` over the previous
         one (see `write_checkpoint`). `learned` names the entries that training computes (the networks' and optimizers'
         states): a state whose learned entries hold NaN or inf is not written, and the previous checkpoint stays good.
         After the checkpoint of a stop, prints the command that continues the run."""
-        if learned is None:
-            learned = [key for key, value in state.items() if checkpoint_files.is_learned(value)]
         learned = list(learned)
-        state = {key: checkpoint_files.state_of(value) for key, value in state.items()}
         header = dict(format=self.format, script=os.path.basename(self.script), args=vars(self.args), run_name=self.name)
         checkpoint = dict(
             header, wandb_id=self.wandb_id, global_step=global_step, rng=checkpoint_files.rng_states(), state=state
@@ -346,37 +317,3 @@ class Run:
     def note_writing(self, temporary_file) -> None:
         """The temporary file a checkpoint is being written to (False when none): a second Ctrl-C removes it."""
         self.signals.writing = temporary_file
-
-    def checkpoint_or_stop(self, global_step: int, steps: int, last: bool, state: Callable[[], dict]) -> bool:
-        """Call once at the end of every iteration, after its logging, with the `steps` it took. Writes a checkpoint
-        when global_step crossed a multiple of --checkpoint-every, at the last iteration (if checkpointing), or when
-        a signal asked to stop; returns True when the loop must stop."""
-        every, stopping = self.args.checkpoint_every, self.signals.stop_requested  # read once: a later signal waits a step
-        self.global_step = global_step
-        crossed = every > 0 and global_step // every > (global_step - steps) // every
-        saved = crossed or stopping or (every > 0 and last)
-        if saved:
-            self.save(global_step, state())
-        if last and self.signals.stop_requested and not stopping:  # asked to stop during the last step: stop, as promised
-            stopping = True
-            if not saved:
-                self.save(global_step, state())
-        self.signals.training_done = last and not stopping
-        if stopping:
-            self.stopped = True
-            # Quoted: folders above the run may hold spaces or any character a shell reads, and a pasted line must run
-            # this command and only this one.
-            command = shlex.join(["python", self.script, "--resume", os.path.abspath(self.checkpoint_path)])
-            print(f"checkpoint written to {self.checkpoint_path}; continue the run with:\n  {command}")
-        return stopping
-
-    def clip_grad_norm(self, parameters, max_norm: float, global_step: int, **kwargs) -> torch.Tensor:
-        """The gradient clip and the one NaN stop: a NaN or inf in the loss or the Q-values reaches the gradient norm,
-        so the run stops here, before the optimizer step spreads it into the weights, naming the last good checkpoint."""
-        try:
-            return torch.nn.utils.clip_grad_norm_(parameters, max_norm, error_if_nonfinite=True, **kwargs)
-        except RuntimeError:
-            raise SystemExit(
-                f"error: non-finite loss or Q-values at step {global_step}; last good checkpoint: "
-                f"{self.last_checkpoint or 'none written'}"
-            ) from None
