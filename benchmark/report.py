@@ -275,7 +275,7 @@ def check_event_files(path: Path) -> None:
     one that is not a regular file (a fifo would block the reader), a record that declares more bytes than the file
     holds (the reader asks for them all at once: a hostile length is terabytes), or files that would need more memory
     to read than is available."""
-    from cleanrl_q_utils.flag_checks import available_memory_bytes
+    from cleanrl_q_utils.flag_errors import available_memory_bytes
 
     event_files = sorted(path.glob("*tfevents*"))  # the files TensorBoard's reader takes
     for event_file in event_files:

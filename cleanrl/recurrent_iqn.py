@@ -27,6 +27,7 @@ from cleanrl_q_utils import (
     environments,
     episode_scores,
     flag_checks,
+    flag_errors,
     minatar,
     model_files,
     training_run,
@@ -174,9 +175,9 @@ MINATAR_DEFAULTS = dict(
 def validate_args(args) -> list:
     flag_checks.check_common_flags(args)
     if args.lstm_state_merge not in ("step", "sequence"):
-        flag_checks.flag_error("lstm_state_merge", args.lstm_state_merge, "step or sequence")
+        flag_errors.flag_error("lstm_state_merge", args.lstm_state_merge, "step or sequence")
     if args.lstm_state_merge != "step" and not args.iqn_before_lstm:
-        flag_checks.flag_error(
+        flag_errors.flag_error(
             "lstm_state_merge",
             args.lstm_state_merge,
             "only with --iqn-before-lstm (after the LSTM one state per sequence, nothing to merge)",
@@ -184,11 +185,11 @@ def validate_args(args) -> list:
     spec = flag_checks.check_env_id(args.env_id, atari=False)  # MinAtar's grids are not Atari's frames
     space = spec.observation_space
     if args.mask_velocity and not args.env_id.startswith("CartPole"):
-        flag_checks.flag_error("mask_velocity", True, f"only defined for CartPole, not --env-id={args.env_id}")
+        flag_errors.flag_error("mask_velocity", True, f"only defined for CartPole, not --env-id={args.env_id}")
     two_windows = 2 * (args.burn_in + args.seq_len + args.n_step) * args.num_envs
     if args.buffer_size < two_windows:
         rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
-        flag_checks.flag_error("buffer_size", args.buffer_size, rule)
+        flag_errors.flag_error("buffer_size", args.buffer_size, rule)
     obs_shape = (2,) if args.mask_velocity else space.shape
     return flag_checks.check_run_memory(args, memory_needs(args, obs_shape, spec.action_space.n, space.dtype))
 
@@ -625,7 +626,7 @@ def evaluate(model_path, args, device, video_folder="videos/eval"):
 
 
 def main(args: Args) -> list[float]:
-    args = minatar.with_defaults(args, MINATAR_DEFAULTS)
+    args = command_line.with_minatar_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:
         return model_files.evaluate_only(args, __file__, validate_args, evaluate)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)

@@ -20,7 +20,10 @@
         run.finish(stats.scores)  # the summary line
 
 `Run` holds the run folder and its lock, the TensorBoard writer (W&B with --track), the signal handlers and the
-checkpoints; a run stopped by a signal leaves the block with SystemExit(128 + the signal's number)."""
+checkpoints; a run stopped by a signal leaves the block with SystemExit(128 + the signal's number).
+
+Layer 4 (run plumbing): imports flag_errors, checkpoint_files, episode_scores, stop_signals, environments, run_folder
+and model_files."""
 
 import contextlib
 import os
@@ -36,7 +39,7 @@ import torch.nn as nn
 from torch.utils.tensorboard import SummaryWriter
 
 from cleanrl_q_utils import checkpoint_files, environments, episode_scores, model_files, run_folder, stop_signals
-from cleanrl_q_utils.flag_checks import flag_error
+from cleanrl_q_utils.flag_errors import flag_error
 
 
 class Run:
