@@ -25,7 +25,8 @@ import torch.nn as nn
 from torch.utils.tensorboard import SummaryWriter
 
 from cleanrl_q_utils import checkpoint_files, minatar
-from cleanrl_q_utils.flag_checks import check_flag_ranges, check_wandb_login, flag_error, is_plain_name
+from cleanrl_q_utils.flag_checks import check_flag_ranges, check_wandb_login
+from cleanrl_q_utils.flag_errors import flag_error, is_plain_name
 from cleanrl_q_utils.run_folder import check_newer_checkpoint, lock_run_dir, make_run_dir
 from cleanrl_q_utils.stop_signals import StopSignals
 

@@ -29,6 +29,7 @@ from cleanrl_q_utils import (
     environments,
     episode_scores,
     flag_checks,
+    flag_errors,
     minatar,
     model_files,
     training_run,
@@ -161,8 +162,8 @@ ATARI_DEFAULTS = dict(
 
 def with_atari_defaults(args: Args) -> Args:
     """`args` with ATARI_DEFAULTS for an Atari id, except the flags given on the command line (they win), as
-    `minatar.with_defaults` does for MinAtar ids. A resumed run keeps its checkpoint's flags and an evaluation its model
-    file's."""
+    `command_line.with_minatar_defaults` does for MinAtar ids. A resumed run keeps its checkpoint's flags and an
+    evaluation its model file's."""
     if not is_atari(args.env_id) or args.resume is not None or args.eval_only:
         return args
     return command_line.with_configuration(args, ATARI_DEFAULTS, "the Atari configuration")
@@ -180,7 +181,7 @@ def validate_args(args: Args) -> list:
     multiple = f"must be a multiple of --num-envs={args.num_envs}"
     ring_min = args.n_step + FrameReplayBuffer.STACK_NUM
     in_ring = f"must hold --n-step + {FrameReplayBuffer.STACK_NUM} = {ring_min} steps of each of --num-envs={args.num_envs}"
-    flag_checks.check_flags(
+    flag_errors.check_flags(
         [
             ("buffer_size", args.buffer_size, args.buffer_size >= minimum, at_least),
             ("learning_starts", args.learning_starts, args.learning_starts >= minimum, at_least),
@@ -587,7 +588,7 @@ def evaluate(weights: dict, args: Args, device: torch.device, video_folder: str)
 
 
 def main(args: Args) -> list[float]:
-    args = with_atari_defaults(minatar.with_defaults(args, MINATAR_DEFAULTS))
+    args = with_atari_defaults(command_line.with_minatar_defaults(args, MINATAR_DEFAULTS))
     if args.eval_only:  # rebuild a saved agent from its model file and evaluate it, no training
         args, weights = model_files.read_for_evaluation(args, __file__)
         validate_args(args)

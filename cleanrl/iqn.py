@@ -26,6 +26,7 @@ from cleanrl_q_utils import (
     environments,
     episode_scores,
     flag_checks,
+    flag_errors,
     minatar,
     model_files,
     training_run,
@@ -143,12 +144,12 @@ def validate_args(args: Args) -> list:
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=False)
     if args.exploration_fraction == 0:  # `linear_schedule` divides by the decay's length
-        flag_checks.flag_error("exploration_fraction", args.exploration_fraction, "must be in (0, 1]")
+        flag_errors.flag_error("exploration_fraction", args.exploration_fraction, "must be in (0, 1]")
     if args.learning_starts < args.batch_size:
-        flag_checks.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
+        flag_errors.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 4):
         needs = f"must hold --learning-starts={args.learning_starts} steps and at least 4 steps per environment"
-        flag_checks.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
+        flag_errors.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
     return flag_checks.check_run_memory(args, memory_needs(args, spec.observation_space.shape, spec.action_space.n))
 
 
@@ -394,7 +395,7 @@ def evaluate(weights: dict, args: Args, device: torch.device, video_folder: str)
 
 
 def main(args: Args) -> list[float]:
-    args = minatar.with_defaults(args, MINATAR_DEFAULTS)
+    args = command_line.with_minatar_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:  # rebuild a saved agent from its model file and evaluate it, no training
         args, weights = model_files.read_for_evaluation(args, __file__)
         validate_args(args)

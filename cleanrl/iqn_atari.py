@@ -20,7 +20,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import classic_control, command_line, environments, episode_scores, flag_checks, model_files, training_run
+from cleanrl_q_utils import (
+    classic_control,
+    command_line,
+    environments,
+    episode_scores,
+    flag_checks,
+    flag_errors,
+    model_files,
+    training_run,
+)
 
 envpool = classic_control.import_envpool()  # None off Linux (Linux wheels only), where validate_args stops in one line
 
@@ -116,12 +125,12 @@ def validate_args(args: Args) -> list:
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=True)
     if args.exploration_fraction == 0:  # `linear_schedule` divides by the decay's length
-        flag_checks.flag_error("exploration_fraction", args.exploration_fraction, "must be in (0, 1]")
+        flag_errors.flag_error("exploration_fraction", args.exploration_fraction, "must be in (0, 1]")
     if args.learning_starts < args.batch_size:
-        flag_checks.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
+        flag_errors.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 2 * STACK_NUM + 2):
         needs = f"must hold --learning-starts={args.learning_starts} steps and at least {2 * STACK_NUM + 2} per environment"
-        flag_checks.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
+        flag_errors.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
     return flag_checks.check_run_memory(args, memory_needs(args, (STACK_NUM, 84, 84), spec.action_space.n))
 
 

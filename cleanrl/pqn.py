@@ -26,6 +26,7 @@ from cleanrl_q_utils import (
     environments,
     episode_scores,
     flag_checks,
+    flag_errors,
     minatar,
     model_files,
     training_run,
@@ -150,7 +151,7 @@ def validate_args(args: Args) -> list:
     memory = flag_checks.check_run_memory(args, memory_needs(args, spec.observation_space.shape, spec.action_space.n))
     batch_size = args.num_envs * args.num_steps
     batch = f"num_envs * num_steps = {batch_size}"
-    flag_checks.check_flags(
+    flag_errors.check_flags(
         [
             ("num_minibatches", args.num_minibatches, batch_size % args.num_minibatches == 0, f"must divide {batch}"),
             ("total_timesteps", args.total_timesteps, args.total_timesteps >= batch_size, f"must be at least {batch}"),
@@ -285,7 +286,7 @@ def evaluate(weights: dict, args: Args, device: torch.device, video_folder: str)
 
 
 def main(args: Args) -> list[float]:
-    args = minatar.with_defaults(args, MINATAR_DEFAULTS)
+    args = command_line.with_minatar_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:  # rebuild a saved agent from its model file and evaluate it, no training
         args, weights = model_files.read_for_evaluation(args, __file__)
         validate_args(args)

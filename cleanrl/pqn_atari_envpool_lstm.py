@@ -24,7 +24,16 @@ import torch
 import torch.nn as nn
 import torch.optim as optim
 
-from cleanrl_q_utils import classic_control, command_line, environments, episode_scores, flag_checks, model_files, training_run
+from cleanrl_q_utils import (
+    classic_control,
+    command_line,
+    environments,
+    episode_scores,
+    flag_checks,
+    flag_errors,
+    model_files,
+    training_run,
+)
 
 envpool = classic_control.import_envpool()  # None off Linux (Linux wheels only), where validate_args stops in one line
 
@@ -137,7 +146,7 @@ def apply_config(args: Args) -> Args:
     """`args` with the values of its `--config` in every flag that the command line did not give: given flags
     override the set. (For `main` called from Python, a flag counts as given where its value differs from the default.)"""
     if args.config not in CONFIGS:
-        flag_checks.flag_error("config", args.config, f"one of {', '.join(CONFIGS)}")
+        flag_errors.flag_error("config", args.config, f"one of {', '.join(CONFIGS)}")
     given = command_line.flags_given(args)
     return replace(args, **{name: value for name, value in CONFIGS[args.config].items() if name not in given})
 
@@ -193,7 +202,7 @@ def validate_args(args: Args) -> list:
     memory = flag_checks.check_run_memory(args, needs)
     batch_size = args.num_envs * args.num_steps
     batch = f"num_envs * num_steps = {batch_size}"
-    flag_checks.check_flags(
+    flag_errors.check_flags(
         [
             (
                 "num_minibatches",

@@ -27,6 +27,7 @@ from cleanrl_q_utils import (
     environments,
     episode_scores,
     flag_checks,
+    flag_errors,
     minatar,
     model_files,
     training_run,
@@ -162,7 +163,7 @@ def validate_args(args: Args) -> list:
         ("buffer_size", args.buffer_size, args.buffer_size >= min_buffer, f"at least {min_buffer}: two windows per env"),
         ("total_timesteps", args.total_timesteps, args.total_timesteps >= args.num_envs, "at least --num-envs"),
     ]
-    flag_checks.check_flags(checks)
+    flag_errors.check_flags(checks)
     obs_shape = observe(np.zeros((1, *spec.observation_space.shape)), args.mask_velocity).shape[1:]
     return flag_checks.check_run_memory(args, memory_needs(args, obs_shape, spec.action_space.n, spec.observation_space.dtype))
 
@@ -569,7 +570,7 @@ def to_step_inputs(obs, last_action, last_reward, is_first, device):
 
 
 def main(args: Args) -> list[float]:
-    args = minatar.with_defaults(args, MINATAR_DEFAULTS)
+    args = command_line.with_minatar_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:  # rebuild a saved agent from its model file and evaluate it, no training
         args, weights = model_files.read_for_evaluation(args, __file__)
         validate_args(args)

@@ -21,7 +21,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import classic_control, command_line, environments, episode_scores, flag_checks, model_files, training_run
+from cleanrl_q_utils import (
+    classic_control,
+    command_line,
+    environments,
+    episode_scores,
+    flag_checks,
+    flag_errors,
+    model_files,
+    training_run,
+)
 from cleanrl_q_utils.segment_tree import SegmentTree
 
 envpool = classic_control.import_envpool()  # None off Linux (Linux wheels only), where validate_args stops in one line
@@ -135,7 +144,7 @@ def validate_args(args: Args) -> list:
         ("buffer_size", args.buffer_size, args.buffer_size >= min_buffer, f"at least {min_buffer}: each env's windows"),
         ("total_timesteps", args.total_timesteps, args.total_timesteps >= args.num_envs, "at least --num-envs"),
     ]
-    flag_checks.check_flags(checks)
+    flag_errors.check_flags(checks)
     frame_shape = spec.observation_space.shape[1:]  # the spec's is a stack of frames
     return flag_checks.check_run_memory(args, memory_needs(args, (args.frame_stack, *frame_shape), spec.action_space.n))
 

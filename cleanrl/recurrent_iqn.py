@@ -26,6 +26,7 @@ from cleanrl_q_utils import (
     environments,
     episode_scores,
     flag_checks,
+    flag_errors,
     minatar,
     model_files,
     training_run,
@@ -173,9 +174,9 @@ MINATAR_DEFAULTS = dict(
 def validate_args(args) -> list:
     flag_checks.check_common_flags(args)
     if args.lstm_state_merge not in ("step", "sequence"):
-        flag_checks.flag_error("lstm_state_merge", args.lstm_state_merge, "step or sequence")
+        flag_errors.flag_error("lstm_state_merge", args.lstm_state_merge, "step or sequence")
     if args.lstm_state_merge != "step" and not args.iqn_before_lstm:
-        flag_checks.flag_error(
+        flag_errors.flag_error(
             "lstm_state_merge",
             args.lstm_state_merge,
             "only with --iqn-before-lstm (after the LSTM one state per sequence, nothing to merge)",
@@ -183,11 +184,11 @@ def validate_args(args) -> list:
     spec = flag_checks.check_env_id(args.env_id, atari=False)  # MinAtar's grids are not Atari's frames
     space = spec.observation_space
     if args.mask_velocity and not args.env_id.startswith("CartPole"):
-        flag_checks.flag_error("mask_velocity", True, f"only defined for CartPole, not --env-id={args.env_id}")
+        flag_errors.flag_error("mask_velocity", True, f"only defined for CartPole, not --env-id={args.env_id}")
     two_windows = 2 * (args.burn_in + args.seq_len + args.n_step) * args.num_envs
     if args.buffer_size < two_windows:
         rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
-        flag_checks.flag_error("buffer_size", args.buffer_size, rule)
+        flag_errors.flag_error("buffer_size", args.buffer_size, rule)
     obs_shape = (2,) if args.mask_velocity else space.shape
     return flag_checks.check_run_memory(args, memory_needs(args, obs_shape, spec.action_space.n, space.dtype))
 
@@ -627,7 +628,7 @@ def evaluate(weights: dict, args, device, video_folder: str):
 
 
 def main(args: Args) -> list[float]:
-    args = minatar.with_defaults(args, MINATAR_DEFAULTS)
+    args = command_line.with_minatar_defaults(args, MINATAR_DEFAULTS)
     if args.eval_only:  # rebuild a saved agent from its model file and evaluate it, no training
         args, weights = model_files.read_for_evaluation(args, __file__)
         validate_args(args)

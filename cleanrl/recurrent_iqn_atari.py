@@ -20,7 +20,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cleanrl_q_utils import classic_control, command_line, environments, episode_scores, flag_checks, model_files, training_run
+from cleanrl_q_utils import (
+    classic_control,
+    command_line,
+    environments,
+    episode_scores,
+    flag_checks,
+    flag_errors,
+    model_files,
+    training_run,
+)
 from cleanrl_q_utils.lstm_unroll import segment_bounds, unroll_lstm, unroll_lstm_merged
 from cleanrl_q_utils.segment_tree import SegmentTree
 
@@ -148,9 +157,9 @@ class Args:
 def validate_args(args) -> list:
     flag_checks.check_common_flags(args)
     if args.lstm_state_merge not in ("step", "sequence"):
-        flag_checks.flag_error("lstm_state_merge", args.lstm_state_merge, "step or sequence")
+        flag_errors.flag_error("lstm_state_merge", args.lstm_state_merge, "step or sequence")
     if args.lstm_state_merge != "step" and not args.iqn_before_lstm:
-        flag_checks.flag_error(
+        flag_errors.flag_error(
             "lstm_state_merge",
             args.lstm_state_merge,
             "only with --iqn-before-lstm (after the LSTM one state per sequence, nothing to merge)",
@@ -159,7 +168,7 @@ def validate_args(args) -> list:
     two_windows = 2 * (args.burn_in + args.seq_len + args.n_step) * args.num_envs
     if args.buffer_size < two_windows:
         rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
-        flag_checks.flag_error("buffer_size", args.buffer_size, rule)
+        flag_errors.flag_error("buffer_size", args.buffer_size, rule)
     space = envpool.make_spec(args.env_id, stack_num=1).observation_space  # the spec only: no environment is built
     return flag_checks.check_run_memory(args, memory_needs(args, space.shape, spec.action_space.n, space.dtype))
 

@@ -2,8 +2,11 @@
 random generators, the checksum, the atomic synced write (`write_checkpoint`), and the safe load of every file a script reads
 (`load_safely`, `read_checkpoint`): `torch.load(weights_only=True)`, so that no file runs code (numpy arrays are stored
 as tensors of their bytes), after `check_torch_zip` has checked, before any record is read, that the file is torch.save's
-zip layout and that what loading it allocates is bounded by its size; and the shape of a checkpoint's header
-(`header_error`)."""
+zip layout and that what loading it allocates is bounded by its size; the two kinds of file a script reads
+(`is_checkpoint`, `is_model_file`: a model file is marked MODEL_FILE) and the shape of a checkpoint's header
+(`header_error`).
+
+Layer 2 (parts): imports flag_errors only."""
 
 import contextlib
 import hashlib
@@ -21,7 +24,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from cleanrl_q_utils.flag_checks import available_memory_bytes, flag_error
+from cleanrl_q_utils.flag_errors import available_memory_bytes, flag_error
 
 
 def read_checkpoint(path: str, flag: str = "resume") -> dict:
@@ -319,6 +322,19 @@ def write_checkpoint(path: str, checkpoint: dict, note_writing: Callable) -> Non
         raise
     finally:
         note_writing(False)
+
+
+# The two kinds of file a script reads: a model file (`model_files.save_weights`) is marked by its `kind`; a checkpoint
+# (`Run.save`) holds its format, its digest and its state.
+MODEL_FILE = "cleanrl-q model"
+
+
+def is_model_file(contents) -> bool:
+    return isinstance(contents, dict) and contents.get("kind") == MODEL_FILE
+
+
+def is_checkpoint(contents) -> bool:
+    return isinstance(contents, dict) and {"format", "digest", "state"} <= set(contents)
 
 
 # The header of a checkpoint: each field and the types it may hold (`envs_start` and `learned` are absent from the

@@ -1,5 +1,8 @@
-"""The command line: `cli` parses a script's `Args` and runs its `main`, `--help` lists the flags by group, and `resume`
-merges a checkpoint's flags with those given on the command line (which may change, which may not)."""
+"""The command line: `parse` reads a script's `Args` (`cli` also runs its `main`), `--help` lists the flags by group,
+`resume` merges a checkpoint's flags with those given on the command line (which may change, which may not);
+`with_configuration` and `with_minatar_defaults` fill the flags not given from a script's configuration.
+
+Layer 4 (run plumbing): imports flag_errors, checkpoint_files, minatar and flag_checks."""
 
 import os
 import shlex
@@ -8,16 +11,18 @@ import sys
 from dataclasses import fields, replace
 from typing import Optional
 
+from cleanrl_q_utils import minatar
 from cleanrl_q_utils.checkpoint_files import (
     all_finite,
     content_digest,
     flag_of_another_type,
     header_error,
+    is_model_file,
     learned_entries,
     read_checkpoint,
 )
-from cleanrl_q_utils.flag_checks import flag_error, is_plain_name, rounded_total
-from cleanrl_q_utils.model_files import MODEL_FILE
+from cleanrl_q_utils.flag_checks import rounded_total
+from cleanrl_q_utils.flag_errors import flag_error, is_plain_name
 
 # The flags a resumed run may change from the command line: how the run is carried out and logged, what happens after
 # training, and a smaller step after a NaN stop. Every other flag keeps the checkpoint's value; giving it another one
@@ -51,7 +56,7 @@ def resume(given, script: str, checkpoint_format: int):
     if not os.path.isfile(given.resume):
         flag_error("resume", given.resume, "not a file" if os.path.exists(given.resume) else "no such file")
     checkpoint, names = read_checkpoint(given.resume, "resume"), {field.name for field in fields(given)}
-    if checkpoint.get("kind") == MODEL_FILE:
+    if is_model_file(checkpoint):
         flag_error("resume", given.resume, "a model file (--save-model), not a checkpoint: evaluate it with --eval-only")
     try:
         malformed = header_error(checkpoint)
@@ -99,6 +104,15 @@ def with_configuration(args, configuration: dict, name: str):
     if used:
         print(f"{args.env_id}: {name}: " + " ".join(f"--{flag.replace('_', '-')} {value}" for flag, value in used.items()))
     return replace(args, **used)
+
+
+def with_minatar_defaults(args, defaults: dict):
+    """`args` with a script's MinAtar configuration `defaults` for a MinAtar id, except the flags given on the command
+    line (they win); prints what was used. Other ids are left as they are, and so are a resumed run (its checkpoint
+    holds its flags) and an evaluation (its model file holds them)."""
+    if not minatar.is_minatar(args.env_id) or args.resume is not None or args.eval_only:
+        return args
+    return with_configuration(args, defaults, "the MinAtar configuration")
 
 
 def flags_given(args) -> set[str]:

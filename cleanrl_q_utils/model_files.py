@@ -1,6 +1,8 @@
 """Model files: `--save-model` writes the weights with every flag of the run (`save_weights`), `--eval-only --model-path`
-reads them back without running code (`read_for_evaluation`): the script rebuilds the agent from the saved flags and
-loads the weights into it (`put_weights`)."""
+reads them back without running code (`read_for_evaluation`, `start_evaluation`, `report_evaluation`): the script
+rebuilds the agent from the saved flags and loads the weights into it (`put_weights`).
+
+Layer 4 (run plumbing): imports flag_errors, checkpoint_files, flag_checks and run_folder."""
 
 import os
 import time
@@ -12,14 +14,18 @@ import torch
 import torch.nn as nn
 
 from cleanrl_q_utils.checkpoint_files import (
+    MODEL_FILE,
     PLAIN_FLAG_TYPES,
     all_finite,
     flag_of_another_type,
+    is_checkpoint,
+    is_model_file,
     load_safely,
     unreadable_reason,
     write_atomically,
 )
-from cleanrl_q_utils.flag_checks import check_evaluation_flags, flag_error
+from cleanrl_q_utils.flag_checks import check_evaluation_flags
+from cleanrl_q_utils.flag_errors import flag_error
 from cleanrl_q_utils.run_folder import describe_device, pick_device, seed_everything
 
 # The flags an --eval-only run takes from the command line; every other flag comes from the saved model file.
@@ -29,7 +35,6 @@ EVALUATION_FLAGS = ("eval_only", "model_path", "eval_episodes", "eval_epsilon", 
 TRAINING_RUN_FLAGS = ("resume",)
 
 
-MODEL_FILE = "cleanrl-q model"  # marks a model file written by `save_weights`
 
 
 def save_weights(path: str, script: str, args, weights: dict) -> None:
@@ -48,11 +53,11 @@ def read_model_file(path: str) -> dict:
         saved = load_safely(path)
     except Exception as error:
         flag_error("model_path", path, f"not a readable model file ({unreadable_reason(error)})")
-    if isinstance(saved, dict) and {"format", "digest", "state"} <= set(saved):
+    if is_checkpoint(saved):
         flag_error("model_path", path, "a checkpoint, not a model file: --save-model writes one (or --resume this)")
     if not isinstance(saved, dict):
         flag_error("model_path", path, f"not a readable model file (its top level is a {type(saved).__name__}, not a dict)")
-    saved = saved if saved.get("kind") == MODEL_FILE else {"model": saved}
+    saved = saved if is_model_file(saved) else {"model": saved}
     wrong = model_file_error(saved)
     if wrong:
         flag_error("model_path", path, f"not a readable model file ({wrong})")

@@ -28,7 +28,10 @@ the package never receives a function of the script:
         run.finish(stats.scores)  # the summary line
 
 `Run` holds the run folder and its lock, the TensorBoard writer (W&B with --track), the signal handlers and the
-checkpoints; a run stopped by a signal leaves the block with SystemExit(128 + the signal's number)."""
+checkpoints; a run stopped by a signal leaves the block with SystemExit(128 + the signal's number).
+
+Layer 4 (run plumbing): imports flag_errors, checkpoint_files, episode_scores, stop_signals, environments, run_folder
+and model_files."""
 
 import contextlib
 import os
@@ -43,7 +46,7 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from cleanrl_q_utils import checkpoint_files, environments, episode_scores, model_files, run_folder, stop_signals
-from cleanrl_q_utils.flag_checks import flag_error
+from cleanrl_q_utils.flag_errors import flag_error
 
 
 class Run:

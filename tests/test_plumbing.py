@@ -20,7 +20,7 @@ import torch.nn as nn
 from cleanrl_q_utils.checkpoint_files import read_checkpoint
 from cleanrl_q_utils.command_line import resume
 from cleanrl_q_utils.episode_scores import EpisodeStats
-from cleanrl_q_utils.flag_checks import check_flags
+from cleanrl_q_utils.flag_errors import check_flags
 from cleanrl_q_utils.training_run import Run
 
 from helpers import end_iteration, run_dir_of
