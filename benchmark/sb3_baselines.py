@@ -187,17 +187,17 @@ def validate_args(args: Args) -> None:
 
 
 def checkpoint_state(model, returns: list[float]) -> dict:
-    """All a resume needs of SB3's model, for `Run.save` (which stores networks and optimizers by their state dicts and a
-    generator by its state): taken where SB3 ends a collection, before the gradient steps on it."""
+    """All a resume needs of SB3's model, as plain values (state dicts, arrays, numbers) for `Run.save`: taken where SB3
+    ends a collection, before the gradient steps on it."""
     buffer = model.replay_buffer
     replay = {**{name: getattr(buffer, name) for name in REPLAY_ARRAYS}, "pos": buffer.pos, "full": buffer.full}
     return dict(
-        policy=model.policy,
-        optimizer=model.policy.optimizer,
+        policy=model.policy.state_dict(),
+        optimizer=model.policy.optimizer.state_dict(),
         counters={name: getattr(model, name) for name in COUNTERS},
         replay=replay,
         returns=returns,
-        action_space_rng=model.action_space.np_random,
+        action_space_rng=model.action_space.np_random.bit_generator.state,
     )
 
 
