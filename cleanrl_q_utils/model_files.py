@@ -35,8 +35,6 @@ EVALUATION_FLAGS = ("eval_only", "model_path", "eval_episodes", "eval_epsilon", 
 TRAINING_RUN_FLAGS = ("resume",)
 
 
-
-
 def save_weights(path: str, script: str, args, weights: dict) -> None:
     """A model file holds the weights (a network's state_dict) and every flag of the run, which rebuild the network
     (sizes, env) later. It is written whole or not at all (a temporary file renamed over `path`)."""

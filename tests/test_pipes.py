@@ -258,7 +258,8 @@ def test_sb3_baselines_interrupted_while_it_loads_exits_130_quietly(tmp_path):
     from test_signals import catches
 
     process = subprocess.Popen(
-        [sys.executable, str(REPO / "benchmark" / "sb3_baselines.py"), "--algo", "dqn", "--runs-dir", str(tmp_path)],
+        [sys.executable, str(REPO / "benchmark" / "sb3_baselines.py"), "--algo", "dqn"],
+        cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
