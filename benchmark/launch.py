@@ -61,11 +61,11 @@ EXP_NAME_RULE = "must be a name the scripts accept for --exp-name: one folder na
 
 
 def load_name_rule() -> Callable[[str, int], bool]:
-    """The scripts' own rule for --exp-name (cleanrl_q_utils.flag_checks.is_plain_name): what a script refuses, the
+    """The scripts' own rule for --exp-name (cleanrl_q_utils.flag_errors.is_plain_name): what a script refuses, the
     launcher refuses before it makes a folder of it. The repository is searched last, after an installed package."""
     if str(REPO) not in sys.path:
         sys.path.append(str(REPO))
-    from cleanrl_q_utils.flag_checks import is_plain_name
+    from cleanrl_q_utils.flag_errors import is_plain_name
 
     return is_plain_name
 

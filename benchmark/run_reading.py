@@ -8,7 +8,7 @@ memory or time, and the checks that leave such a run out, said in one `warning:`
 mean of its last training episodes).
 
 report.py, threshold_table.py and launch.py import it, so that a run is read the same way by each. It imports only the
-standard library and numpy at its top, and TensorBoard's reader and cleanrl_q_utils.flag_checks where a run folder is
+standard library and numpy at its top, and TensorBoard's reader and cleanrl_q_utils.flag_errors where a run folder is
 read; never a script of benchmark/, so any of them can import it.
 """
 
@@ -202,7 +202,7 @@ def check_event_files(path: Path) -> None:
     one that is not a regular file (a fifo would block the reader), a record that declares more bytes than the file
     holds (the reader asks for them all at once: a hostile length is terabytes), or files that would need more memory
     to read than is available."""
-    from cleanrl_q_utils.flag_checks import available_memory_bytes
+    from cleanrl_q_utils.flag_errors import available_memory_bytes
 
     event_files = sorted(path.glob("*tfevents*"))  # the files TensorBoard's reader takes
     for event_file in event_files:

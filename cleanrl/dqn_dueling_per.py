@@ -29,6 +29,7 @@ from cleanrl_q_utils import (
     environments,
     episode_scores,
     flag_checks,
+    flag_errors,
     minatar,
     model_files,
     training_run,
@@ -161,8 +162,8 @@ ATARI_DEFAULTS = dict(
 
 def with_atari_defaults(args: Args) -> Args:
     """`args` with ATARI_DEFAULTS for an Atari id, except the flags given on the command line (they win), as
-    `minatar.with_defaults` does for MinAtar ids. A resumed run keeps its checkpoint's flags and an evaluation its model
-    file's."""
+    `command_line.with_minatar_defaults` does for MinAtar ids. A resumed run keeps its checkpoint's flags and an
+    evaluation its model file's."""
     if not is_atari(args.env_id) or args.resume is not None or args.eval_only:
         return args
     return command_line.with_configuration(args, ATARI_DEFAULTS, "the Atari configuration")
@@ -180,7 +181,7 @@ def validate_args(args: Args) -> list:
     multiple = f"must be a multiple of --num-envs={args.num_envs}"
     ring_min = args.n_step + FrameReplayBuffer.STACK_NUM
     in_ring = f"must hold --n-step + {FrameReplayBuffer.STACK_NUM} = {ring_min} steps of each of --num-envs={args.num_envs}"
-    flag_checks.check_flags(
+    flag_errors.check_flags(
         [
             ("buffer_size", args.buffer_size, args.buffer_size >= minimum, at_least),
             ("learning_starts", args.learning_starts, args.learning_starts >= minimum, at_least),
@@ -555,12 +556,15 @@ def act(q_network: nn.Module, obs: np.ndarray, epsilon: float, num_actions: int,
     return np.where(explore, np.random.randint(num_actions, size=len(obs)), greedy)
 
 
-def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
-    """True scores (raw, all lives) of --eval-episodes whole games (--eval-epsilon) on training's envs seeded --seed + 1,
-    one per env; --capture-video plays them in turn on ale-py and records them to the run's videos/ folder."""
+def evaluate(weights: dict, args: Args, device: torch.device, video_folder: str) -> list[float]:
+    """True scores (raw, all lives) of --eval-episodes whole games (--eval-epsilon) of the network with `weights` (a
+    model file's) on training's envs seeded --seed + 1, one per env; --capture-video plays them in turn on ale-py and
+    records them to `video_folder`."""
+    if args.eval_episodes == 0:  # none to play (and envpool builds no zero envs)
+        return []
     spec = flag_checks.check_env_id(args.env_id)
     model = DuelingQNetwork(spec.observation_space.shape, spec.action_space.n, args.hidden_size).to(device)
-    model_files.load_weights(model, model_path, device)
+    model_files.put_weights(model, weights, args.model_path)
     model.eval()
     seed, num_actions = args.seed + 1, spec.action_space.n
     if args.capture_video:  # envpool does not render: a gymnasium env with the training preprocessing
@@ -584,9 +588,12 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
 
 
 def main(args: Args) -> list[float]:
-    args = with_atari_defaults(minatar.with_defaults(args, MINATAR_DEFAULTS))
-    if args.eval_only:
-        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+    args = with_atari_defaults(command_line.with_minatar_defaults(args, MINATAR_DEFAULTS))
+    if args.eval_only:  # rebuild a saved agent from its model file and evaluate it, no training
+        args, weights = model_files.read_for_evaluation(args, __file__)
+        validate_args(args)
+        device, video_folder = model_files.start_evaluation(args, __file__)
+        return model_files.report_evaluation(args, evaluate(weights, args, device, video_folder), video_folder)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     memory = validate_args(args)  # the memory the run will take, said in the start-up block
     args = flag_checks.whole_iterations(args)
@@ -620,18 +627,34 @@ def main(args: Args) -> list[float]:
         losses, q_means = torch.zeros(100, device=device), torch.zeros(100, device=device)  # read only when logged
         iteration, updates, last_target_update, learning_starts = 0, 0, 0, args.learning_starts
 
-        def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
-            learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
-            actors = dict(obs=obs, is_reset_step=is_reset_step, window=window)
-            logs = dict(iteration=iterations_done, stats=stats, action_log=action_log[:iterations_done])
-            logs |= dict(losses=losses, q_means=q_means)
+        def checkpoint_state(iterations_done: int) -> dict:
+            """All a resume needs, as plain values."""
+            learner = dict(q_network=q_network.state_dict(), target_network=target_network.state_dict())
+            learner |= dict(optimizer=optimizer.state_dict(), updates=updates)
+            actors = dict(obs=obs.copy(), is_reset_step=is_reset_step.copy(), window=window.state_dict())
+            logs = dict(iteration=iterations_done, stats=stats.state_dict(), action_log=action_log[:iterations_done].copy())
+            logs |= dict(losses=losses.detach().cpu().clone(), q_means=q_means.detach().cpu().clone())
             # the sampling generator is saved even without the buffer: sampling goes on drawing from it
-            replay = dict(rb=rb if args.checkpoint_replay else None, rng=rb.rng, last_target_update=last_target_update)
+            replay = dict(rb=rb.state_dict() if args.checkpoint_replay else None, rng=rb.rng.bit_generator.state)
+            replay |= dict(last_target_update=last_target_update)
             return learner | actors | logs | replay
 
         if checkpoint:
-            saved = run.restore(checkpoint_state())
-            iteration, updates, last_target_update = saved["iteration"], saved["updates"], saved["last_target_update"]
+            with run.restoring() as saved:
+                q_network.load_state_dict(saved["q_network"])
+                target_network.load_state_dict(saved["target_network"])
+                optimizer.load_state_dict(saved["optimizer"])
+                obs[:] = saved["obs"]
+                is_reset_step[:] = saved["is_reset_step"]
+                window.load_state_dict(saved["window"])
+                stats.load_state_dict(saved["stats"])
+                action_log[: len(saved["action_log"])] = saved["action_log"]
+                losses.copy_(saved["losses"])
+                q_means.copy_(saved["q_means"])
+                if args.checkpoint_replay:
+                    rb.load_state_dict(saved["rb"])
+                rb.rng.bit_generator.state = saved["rng"]
+                iteration, updates, last_target_update = saved["iteration"], saved["updates"], saved["last_target_update"]
             if saved["rb"] is None:  # an empty buffer: act for another learning_starts steps before sampling from it
                 learning_starts = iteration * args.num_envs + args.learning_starts
                 run.note_empty_replay(learning_starts)
@@ -645,6 +668,8 @@ def main(args: Args) -> list[float]:
         if atari and (not checkpoint or saved["rb"] is None):
             rb.begin(obs)  # the frames of the current stacks, which the next ones run on from
         progress = run.progress(iteration * args.num_envs)
+        # The NaN stop, kept on the device and read at logging intervals: no wait for the device at every update.
+        updates_finite = torch.ones((), dtype=torch.bool, device=device)
 
         for iteration in range(iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
@@ -673,7 +698,8 @@ def main(args: Args) -> list[float]:
                     optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
                 optimizer.zero_grad()
                 loss.backward()
-                run.clip_grad_norm(q_network.parameters(), args.max_grad_norm, global_step)
+                grad_norm = torch.nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
+                updates_finite &= torch.isfinite(grad_norm)
                 optimizer.step()
                 rb.update_priorities(indices, (targets - q_taken).detach().abs().cpu().numpy() + args.prioritized_replay_eps)
                 losses[updates % 100], q_means[updates % 100] = loss.detach(), q_taken.detach().mean()
@@ -682,6 +708,7 @@ def main(args: Args) -> list[float]:
                     target_network.load_state_dict(q_network.state_dict())
                     last_target_update = global_step
                 if updates % 100 == 0:
+                    run.check_finite(updates_finite, global_step)
                     run.writer.add_scalar("losses/td_loss", losses.mean().item(), global_step)
                     run.writer.add_scalar("losses/q_values", q_means.mean().item(), global_step)
                     run.writer.add_scalar("charts/beta", beta, global_step)
@@ -689,18 +716,23 @@ def main(args: Args) -> list[float]:
                     run.writer.add_scalar("charts/epsilon", epsilon, global_step)
                     run.writer.add_scalar("charts/SPS", progress.sps(global_step), global_step)
 
-            progress.print(global_step, stats.recent, force=iteration == num_iterations)
-            if run.checkpoint_or_stop(
-                global_step, args.num_envs, iteration == num_iterations, lambda: checkpoint_state(iteration)
-            ):
+            is_last = iteration == num_iterations
+            progress.print(global_step, stats.recent, force=is_last)
+            due = run.checkpoint_due(global_step, args.num_envs, is_last)
+            if due or is_last:  # also read between logging intervals: no checkpoint or model of weights a NaN reached
+                run.check_finite(updates_finite, global_step)
+            if due:
+                keys = ("q_network", "target_network", "optimizer")
+                run.save(global_step, checkpoint_state(iteration), learned=keys)
+            if run.stopped:  # a signal asked to stop: the checkpoint says how to continue
                 break
 
         envs.close()
-        if args.save_model and not run.stopped:
-            run.save_and_evaluate(q_network, evaluate, device)
+        if args.save_model and not run.stopped and (model_path := run.save_model(q_network.state_dict())):
+            run.log_evaluation(model_path, evaluate(q_network.state_dict(), args, device, run.video_folder))
         run.finish(stats.scores)
         return stats.scores
 
 
 if __name__ == "__main__":
-    command_line.cli(main, Args, minatar=MINATAR_DEFAULTS, atari=ATARI_DEFAULTS)
+    main(command_line.parse(Args, minatar=MINATAR_DEFAULTS, atari=ATARI_DEFAULTS))

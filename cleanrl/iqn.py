@@ -26,6 +26,7 @@ from cleanrl_q_utils import (
     environments,
     episode_scores,
     flag_checks,
+    flag_errors,
     minatar,
     model_files,
     training_run,
@@ -143,12 +144,12 @@ def validate_args(args: Args) -> list:
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=False)
     if args.exploration_fraction == 0:  # `linear_schedule` divides by the decay's length
-        flag_checks.flag_error("exploration_fraction", args.exploration_fraction, "must be in (0, 1]")
+        flag_errors.flag_error("exploration_fraction", args.exploration_fraction, "must be in (0, 1]")
     if args.learning_starts < args.batch_size:
-        flag_checks.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
+        flag_errors.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 4):
         needs = f"must hold --learning-starts={args.learning_starts} steps and at least 4 steps per environment"
-        flag_checks.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
+        flag_errors.flag_error("buffer_size", args.buffer_size, f"{needs} (--num-envs={args.num_envs})")
     return flag_checks.check_run_memory(args, memory_needs(args, spec.observation_space.shape, spec.action_space.n))
 
 
@@ -370,8 +371,11 @@ def act(q_network: QuantileNetwork, obs, epsilon: float, num_quantile_samples: i
     return actions
 
 
-def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
-    """Scores of --eval-episodes episodes of the saved agent, epsilon-greedy (--eval-epsilon), on an env seeded --seed + 1."""
+def evaluate(weights: dict, args: Args, device: torch.device, video_folder: str) -> list[float]:
+    """Scores of --eval-episodes episodes of the network with `weights` (a model file's), epsilon-greedy (--eval-epsilon),
+    on an env seeded --seed + 1; videos of them in `video_folder` with --capture-video."""
+    if args.eval_episodes == 0:  # none to play
+        return []
     seed = args.seed + 1
     if args.capture_video:
         envs = gym.vector.SyncVectorEnv([lambda: environments.make_video_env(args.env_id, video_folder)])
@@ -379,7 +383,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
         envs = make_env(args.env_id, 1, seed)
     obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
     model = QuantileNetwork(obs_shape, num_actions, args.quantile_embedding_dim, args.hidden_size).to(device)
-    model_files.load_weights(model, model_path, device)
+    model_files.put_weights(model, weights, args.model_path)
     obs, _ = envs.reset(seed=seed) if args.capture_video else envs.reset()
     stats, is_reset_step = episode_scores.EpisodeStats(1), np.zeros(1, dtype=bool)
     while len(stats.scores) < args.eval_episodes:
@@ -391,9 +395,12 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
 
 
 def main(args: Args) -> list[float]:
-    args = minatar.with_defaults(args, MINATAR_DEFAULTS)
-    if args.eval_only:
-        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+    args = command_line.with_minatar_defaults(args, MINATAR_DEFAULTS)
+    if args.eval_only:  # rebuild a saved agent from its model file and evaluate it, no training
+        args, weights = model_files.read_for_evaluation(args, __file__)
+        validate_args(args)
+        device, video_folder = model_files.start_evaluation(args, __file__)
+        return model_files.report_evaluation(args, evaluate(weights, args, device, video_folder), video_folder)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     memory = validate_args(args)  # the memory the run will take, said in the start-up block
     args = flag_checks.whole_iterations(args)
@@ -418,15 +425,29 @@ def main(args: Args) -> list[float]:
         is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
         iteration, updates, learn_after = 0, 0, args.learning_starts  # updates run once global_step > learn_after
 
-        def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
-            learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
-            actors = dict(obs=obs, is_reset_step=is_reset_step)
-            logs = dict(iteration=iterations_done, stats=stats, rng=rng, action_log=action_log[:iterations_done])
-            return learner | actors | logs | ({"rb": rb} if args.checkpoint_replay else {})  # the replay is optional
+        def checkpoint_state(iterations_done: int) -> dict:
+            """All a resume needs, as plain values."""
+            learner = dict(q_network=q_network.state_dict(), target_network=target_network.state_dict())
+            learner |= dict(optimizer=optimizer.state_dict(), updates=updates)
+            actors = dict(obs=obs.copy(), is_reset_step=is_reset_step.copy())
+            logs = dict(iteration=iterations_done, stats=stats.state_dict(), rng=rng.bit_generator.state)
+            logs |= dict(action_log=action_log[:iterations_done].copy())
+            replay = {"rb": rb.state_dict()} if args.checkpoint_replay else {}  # the replay is optional
+            return learner | actors | logs | replay
 
         if checkpoint:
-            saved = run.restore(checkpoint_state())
-            iteration, updates = saved["iteration"], saved["updates"]
+            with run.restoring() as saved:
+                q_network.load_state_dict(saved["q_network"])
+                target_network.load_state_dict(saved["target_network"])
+                optimizer.load_state_dict(saved["optimizer"])
+                obs[:] = saved["obs"]
+                is_reset_step[:] = saved["is_reset_step"]
+                stats.load_state_dict(saved["stats"])
+                rng.bit_generator.state = saved["rng"]
+                action_log[: len(saved["action_log"])] = saved["action_log"]
+                if args.checkpoint_replay:
+                    rb.load_state_dict(saved["rb"])
+                iteration, updates = saved["iteration"], saved["updates"]
             envs, obs = run.fast_forward(envs, action_log[:iteration], obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
                 is_reset_step[:] = True
@@ -435,6 +456,8 @@ def main(args: Args) -> list[float]:
                 learn_after = iteration * args.num_envs + args.learning_starts
                 run.note_empty_replay(learn_after)
         progress = run.progress(iteration * args.num_envs)
+        # The NaN stop, kept on the device and read at logging intervals: no wait for the device at every update.
+        updates_finite = torch.ones((), dtype=torch.bool, device=device)
         for iteration in range(iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
@@ -453,10 +476,13 @@ def main(args: Args) -> list[float]:
                     loss, quantiles = iqn_loss(q_network, target_network, rb.sample(args.batch_size), args)
                     optimizer.zero_grad()
                     loss.backward()
-                    run.clip_grad_norm(q_network.parameters(), float("inf"), global_step)  # stops on a NaN
+                    # max_norm inf leaves the gradients as they are: the norm is taken for the NaN stop
+                    grad_norm = torch.nn.utils.clip_grad_norm_(q_network.parameters(), float("inf"))
+                    updates_finite &= torch.isfinite(grad_norm)
                     optimizer.step()
                     updates += 1
                     if updates % 100 == 0:
+                        run.check_finite(updates_finite, global_step)
                         run.writer.add_scalar("losses/quantile_loss", loss.item(), global_step)
                         run.writer.add_scalar("losses/q_values", quantiles.mean().item(), global_step)
                         run.writer.add_scalar("charts/epsilon", epsilon, global_step)
@@ -466,17 +492,22 @@ def main(args: Args) -> list[float]:
                     target_network.load_state_dict(q_network.state_dict())
 
             progress.print(global_step, stats.recent)
-            if run.checkpoint_or_stop(
-                global_step, args.num_envs, iteration == num_iterations, lambda: checkpoint_state(iteration)
-            ):
+            is_last = iteration == num_iterations
+            due = run.checkpoint_due(global_step, args.num_envs, is_last)
+            if due or is_last:  # also read between logging intervals: no checkpoint or model of weights a NaN reached
+                run.check_finite(updates_finite, global_step)
+            if due:
+                keys = ("q_network", "target_network", "optimizer")
+                run.save(global_step, checkpoint_state(iteration), learned=keys)
+            if run.stopped:  # a signal asked to stop: the checkpoint says how to continue
                 break
 
         envs.close()
-        if args.save_model and not run.stopped:
-            run.save_and_evaluate(q_network, evaluate, device)
+        if args.save_model and not run.stopped and (model_path := run.save_model(q_network.state_dict())):
+            run.log_evaluation(model_path, evaluate(q_network.state_dict(), args, device, run.video_folder))
         run.finish(stats.scores)
     return stats.scores
 
 
 if __name__ == "__main__":
-    command_line.cli(main, Args, minatar=MINATAR_DEFAULTS)
+    main(command_line.parse(Args, minatar=MINATAR_DEFAULTS))

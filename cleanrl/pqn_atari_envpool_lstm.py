@@ -24,7 +24,16 @@ import torch
 import torch.nn as nn
 import torch.optim as optim
 
-from cleanrl_q_utils import classic_control, command_line, environments, episode_scores, flag_checks, model_files, training_run
+from cleanrl_q_utils import (
+    classic_control,
+    command_line,
+    environments,
+    episode_scores,
+    flag_checks,
+    flag_errors,
+    model_files,
+    training_run,
+)
 
 envpool = classic_control.import_envpool()  # None off Linux (Linux wheels only), where validate_args stops in one line
 
@@ -137,7 +146,7 @@ def apply_config(args: Args) -> Args:
     """`args` with the values of its `--config` in every flag that the command line did not give: given flags
     override the set. (For `main` called from Python, a flag counts as given where its value differs from the default.)"""
     if args.config not in CONFIGS:
-        flag_checks.flag_error("config", args.config, f"one of {', '.join(CONFIGS)}")
+        flag_errors.flag_error("config", args.config, f"one of {', '.join(CONFIGS)}")
     given = command_line.flags_given(args)
     return replace(args, **{name: value for name, value in CONFIGS[args.config].items() if name not in given})
 
@@ -193,7 +202,7 @@ def validate_args(args: Args) -> list:
     memory = flag_checks.check_run_memory(args, needs)
     batch_size = args.num_envs * args.num_steps
     batch = f"num_envs * num_steps = {batch_size}"
-    flag_checks.check_flags(
+    flag_errors.check_flags(
         [
             (
                 "num_minibatches",
@@ -322,15 +331,23 @@ def fold_reset_steps(
 
 
 def train_on_rollout(
-    q_network: QNetwork, optimizer: optim.Optimizer, rollout: tuple, args: Args, run: training_run.Run, global_step: int
+    q_network: QNetwork,
+    optimizer: optim.Optimizer,
+    rollout: tuple,
+    update_epochs: int,
+    num_minibatches: int,
+    max_grad_norm: float,
+    td_loss_coef: float,
 ) -> tuple:
     """`update_epochs` passes over the rollout in `num_minibatches` minibatches of whole environments: each replays its
     rollout as one sequence from the recurrent state stored at its start. `rollout` = (obs, actions, is_first,
-    returns, valid), each (num_steps, num_envs, ...), and that state. Returns the loss and Q(s, a) of the last minibatch."""
+    returns, valid), each (num_steps, num_envs, ...), and that state. Returns the loss and Q(s, a) of the last minibatch, and
+    whether every gradient norm was finite (a tensor on the device: reading it would wait for the updates)."""
     b_obs, b_actions, b_is_first, returns, b_valid, initial_state = rollout
     num_envs = b_actions.shape[1]
-    envs_per_minibatch = num_envs // args.num_minibatches
-    for epoch in range(args.update_epochs):
+    envs_per_minibatch = num_envs // num_minibatches
+    grads_finite = torch.ones((), dtype=torch.bool, device=b_actions.device)
+    for epoch in range(update_epochs):
         for mb in torch.randperm(num_envs, device=b_actions.device).split(envs_per_minibatch):
             mb_state = (initial_state[0][:, mb], initial_state[1][:, mb])
             q_values, _ = q_network(b_obs[:, mb], mb_state, b_is_first[:, mb])
@@ -339,17 +356,20 @@ def train_on_rollout(
             valid = b_valid[:, mb]
             loss = ((q_taken - returns[:, mb]) ** 2 * valid).sum() / valid.sum().clamp(min=1.0)
             optimizer.zero_grad()
-            (args.td_loss_coef * loss).backward()
-            run.clip_grad_norm(q_network.parameters(), args.max_grad_norm, global_step, foreach=True)
+            (td_loss_coef * loss).backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(q_network.parameters(), max_grad_norm, foreach=True)
+            grads_finite &= torch.isfinite(grad_norm)
             optimizer.step()
-    return loss, q_taken
+    return loss, q_taken, grads_finite
 
 
-def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
+def evaluate(weights: dict, args: Args, device: torch.device, video_folder: str) -> list[float]:
     """Plays `args.eval_episodes` whole games with a saved model on the training environment (seeded with `args.seed + 1`),
     as purejaxql's test environments: a lost life ends an episode and envpool serves the next with FIRE; the recurrent
     state is zeroed at every life start, as in training. Returns the true scores (raw rewards over all lives).
     --capture-video plays them on ale-py, which also presses FIRE after a lost life (there no episode end)."""
+    if args.eval_episodes == 0:  # none to play (and envpool builds no zero envs)
+        return []
     if args.capture_video:
         envs = gym.vector.SyncVectorEnv(
             [lambda: environments.make_video_env(args.env_id, video_folder, 1, max_episode_steps=27_000)]
@@ -361,7 +381,7 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)
     model = QNetwork(num_actions, args.conv_layer_norm).to(device)
-    model_files.load_weights(model, model_path, device)
+    model_files.put_weights(model, weights, args.model_path)
     model.eval()
     stats, state = episode_scores.EpisodeStats(num_envs), model.initial_state(num_envs, device)
     is_first, is_reset_step = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
@@ -390,8 +410,11 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
 def main(args: Args) -> list[float]:
     if args.resume is None:  # a resumed run takes every flag from its checkpoint, where the config's values are
         args = apply_config(args)
-    if args.eval_only:
-        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+    if args.eval_only:  # rebuild a saved agent from its model file and evaluate it, no training
+        args, weights = model_files.read_for_evaluation(args, __file__)
+        validate_args(args)
+        device, video_folder = model_files.start_evaluation(args, __file__)
+        return model_files.report_evaluation(args, evaluate(weights, args, device, video_folder), video_folder)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     memory = validate_args(args)  # the memory the run will take, said in the start-up block
     args = flag_checks.whole_iterations(args)
@@ -425,23 +448,33 @@ def main(args: Args) -> list[float]:
         next_is_first = np.ones(args.num_envs, dtype=bool)
         lstm_state = q_network.initial_state(args.num_envs, device)
 
-        def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
-            # Taken between iterations, when the rollout storage is spent: no replay, no target network.
-            learner = dict(q_network=q_network, optimizer=optimizer)
-            actors = dict(next_obs=next_obs, next_is_reset_step=next_is_reset_step, next_is_first=next_is_first)
-            logs = dict(iteration=iterations_done, stats=stats, action_log=action_log[: iterations_done * args.num_steps])
-            return learner | actors | logs | {"lstm_state": lstm_state}  # the actors' recurrent state
+        def checkpoint_state(iterations_done: int) -> dict:
+            """All a resume needs, as plain values. Taken between iterations, when the rollout storage is spent: no
+            replay, no target network."""
+            learner = dict(q_network=q_network.state_dict(), optimizer=optimizer.state_dict())
+            actors = dict(next_obs=next_obs.copy(), next_is_reset_step=next_is_reset_step.copy())
+            actors |= dict(next_is_first=next_is_first.copy(), lstm_state=lstm_state)  # the actors' recurrent state
+            log = action_log[: iterations_done * args.num_steps].copy()
+            return learner | actors | dict(iteration=iterations_done, stats=stats.state_dict(), action_log=log)
 
         start_iteration = 0
         if checkpoint is not None:
-            saved = run.restore(checkpoint_state())
-            start_iteration, lstm_state = saved["iteration"], tuple(tensor.to(device) for tensor in saved["lstm_state"])
+            with run.restoring() as saved:
+                q_network.load_state_dict(saved["q_network"])
+                optimizer.load_state_dict(saved["optimizer"])
+                next_obs, next_is_reset_step = saved["next_obs"], saved["next_is_reset_step"]
+                next_is_first, lstm_state = saved["next_is_first"], tuple(tensor.to(device) for tensor in saved["lstm_state"])
+                stats.load_state_dict(saved["stats"])
+                start_iteration = saved["iteration"]
+                action_log[: len(saved["action_log"])] = saved["action_log"]
             envs, next_obs = run.fast_forward(envs, action_log[: start_iteration * args.num_steps], next_obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
                 next_is_reset_step[:] = True
                 stats.drop_games_in_progress()
         global_step = start_iteration * batch_size
         progress = run.progress(global_step)
+        # The NaN stop, kept on the device and read at logging intervals: no wait for the device at every update.
+        updates_finite = torch.ones((), dtype=torch.bool, device=device)
         for iteration in range(start_iteration, num_iterations):
             if args.anneal_lr:
                 optimizer.param_groups[0]["lr"] = (1.0 - iteration / num_iterations) * args.learning_rate
@@ -480,25 +513,31 @@ def main(args: Args) -> list[float]:
                 returns = q_lambda_returns(fold_rewards, fold_dones, next_max_q, args.gamma, args.q_lambda)
             valid = (~b_is_reset_step).float()
             rollout = (to_device(obs), to_device(actions), to_device(is_first), returns, valid, rollout_initial_state)
-            loss, q_taken = train_on_rollout(q_network, optimizer, rollout, args, run, global_step)
+            loss, q_taken, grads_finite = train_on_rollout(
+                q_network, optimizer, rollout, args.update_epochs, args.num_minibatches, args.max_grad_norm, args.td_loss_coef
+            )
+            updates_finite &= grads_finite
 
             is_last = iteration == num_iterations - 1
             if iteration % 10 == 0 or is_last:
+                run.check_finite(updates_finite, global_step)
                 run.writer.add_scalar("losses/td_loss", loss.item(), global_step)
                 run.writer.add_scalar("losses/q_values", q_taken.mean().item(), global_step)
                 run.writer.add_scalar("charts/epsilon", float(step_epsilons[-1]), global_step)
                 run.writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
                 run.writer.add_scalar("charts/SPS", progress.sps(global_step), global_step)
             progress.print(global_step, stats.recent, force=is_last)  # every 10 s: an iteration can take 30 s on a CPU
-            if run.checkpoint_or_stop(global_step, batch_size, is_last, lambda: checkpoint_state(iteration + 1)):
+            if run.checkpoint_due(global_step, batch_size, is_last):
+                run.save(global_step, checkpoint_state(iteration + 1), learned=("q_network", "optimizer"))
+            if run.stopped:  # a signal asked to stop: the checkpoint says how to continue
                 break
 
-        if args.save_model and not run.stopped:
-            run.save_and_evaluate(q_network, evaluate, device)
+        if args.save_model and not run.stopped and (model_path := run.save_model(q_network.state_dict())):
+            run.log_evaluation(model_path, evaluate(q_network.state_dict(), args, device, run.video_folder))
         run.finish(stats.scores)
         envs.close()
     return stats.scores
 
 
 if __name__ == "__main__":
-    command_line.cli(main, Args)
+    main(command_line.parse(Args))

@@ -21,7 +21,16 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from cleanrl_q_utils import classic_control, command_line, environments, episode_scores, flag_checks, model_files, training_run
+from cleanrl_q_utils import (
+    classic_control,
+    command_line,
+    environments,
+    episode_scores,
+    flag_checks,
+    flag_errors,
+    model_files,
+    training_run,
+)
 from cleanrl_q_utils.segment_tree import SegmentTree
 
 envpool = classic_control.import_envpool()  # None off Linux (Linux wheels only), where validate_args stops in one line
@@ -135,7 +144,7 @@ def validate_args(args: Args) -> list:
         ("buffer_size", args.buffer_size, args.buffer_size >= min_buffer, f"at least {min_buffer}: each env's windows"),
         ("total_timesteps", args.total_timesteps, args.total_timesteps >= args.num_envs, "at least --num-envs"),
     ]
-    flag_checks.check_flags(checks)
+    flag_errors.check_flags(checks)
     frame_shape = spec.observation_space.shape[1:]  # the spec's is a stack of frames
     return flag_checks.check_run_memory(args, memory_needs(args, (args.frame_stack, *frame_shape), spec.action_space.n))
 
@@ -473,6 +482,31 @@ def sequence_td_errors(q_network, target_network, batch, burn_in: int, seq_len: 
     return (target - q_taken) * mask, mask, q_taken
 
 
+def train_step(
+    q_network,
+    target_network,
+    optimizer,
+    batch: dict,
+    burn_in: int,
+    seq_len: int,
+    n_step: int,
+    gamma: float,
+    max_grad_norm: float,
+    priority_eta: float,
+) -> tuple:
+    """One gradient step on a sampled `batch` of sequences. Returns the loss, Q(s, a) and the trained-step mask (T, B),
+    the sequences' new priorities (B,) and whether the gradient norm was finite (tensors on the device: reading them
+    would wait for the update)."""
+    td, mask, q_taken = sequence_td_errors(q_network, target_network, batch, burn_in, seq_len, n_step, gamma)
+    loss = sequence_loss(td, batch["weights"])
+    optimizer.zero_grad()
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(q_network.parameters(), max_grad_norm)
+    optimizer.step()
+    priorities = sequence_priorities(td.detach().abs(), mask, priority_eta)
+    return loss, q_taken, mask, priorities, torch.isfinite(grad_norm)
+
+
 @torch.no_grad()
 def play(model, envs, obs, frame_stack: int, device, epsilon: float) -> list[float]:
     """Plays one episode in each of the vectorized `envs`, from their first observations `obs`; returns the game
@@ -496,13 +530,16 @@ def play(model, envs, obs, frame_stack: int, device, epsilon: float) -> list[flo
     return scores
 
 
-def evaluate(model_path: str, args: Args, device, video_folder: str) -> list[float]:
-    """Runs a saved model for one episode on each of `args.eval_episodes` fresh environments; returns their game
-    scores. --capture-video records one more episode through ale-py with the training preprocessing."""
+def evaluate(weights: dict, args: Args, device, video_folder: str) -> list[float]:
+    """Runs the network with `weights` (a model file's) for one episode on each of `args.eval_episodes` fresh
+    environments; returns their game scores. --capture-video records one more episode through ale-py with the training
+    preprocessing to `video_folder`."""
+    if args.eval_episodes == 0:  # none to play (and envpool builds no zero envs)
+        return []
     envs = make_env(args.env_id, args.eval_episodes, args.seed + 100)
     obs, _ = envs.reset()
     model = QNetwork(args.frame_stack, int(envs.action_space.n), args.lstm_size).to(device)
-    model_files.load_weights(model, model_path, device)
+    model_files.put_weights(model, weights, args.model_path)
     scores = play(model, envs, obs, args.frame_stack, device, args.eval_epsilon)
     if args.capture_video:  # the game as trained and scored: frame_stack 1, the 27,000-step cap, no episodic life
         video_env = gym.vector.SyncVectorEnv(
@@ -519,8 +556,11 @@ def to_step_inputs(obs, last_action, last_reward, is_first, device):
 
 
 def main(args: Args) -> list[float]:
-    if args.eval_only:
-        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+    if args.eval_only:  # rebuild a saved agent from its model file and evaluate it, no training
+        args, weights = model_files.read_for_evaluation(args, __file__)
+        validate_args(args)
+        device, video_folder = model_files.start_evaluation(args, __file__)
+        return model_files.report_evaluation(args, evaluate(weights, args, device, video_folder), video_folder)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     memory = validate_args(args)  # the memory the run will take, said in the start-up block
     args = flag_checks.whole_iterations(args)
@@ -552,16 +592,31 @@ def main(args: Args) -> list[float]:
         global_step = checkpoint["global_step"] if checkpoint else 0  # sets the log's length in checkpoint_state
         action_log = np.zeros((num_iterations, num_envs), dtype=np.min_scalar_type(num_actions - 1))
 
-        def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
-            learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
-            actors = dict(obs=obs, h=h, c=c, is_first=is_first, is_reset_step=is_reset_step, last_action=last_action)
-            actors |= dict(last_reward=last_reward, stack=stack)
-            logs = dict(stats=stats, action_log=action_log[:iterations_done])
-            return learner | actors | logs | dict(rb=rb, rng=rng, update_credit=update_credit, learn_from=learn_from)
+        def checkpoint_state(iterations_done: int) -> dict:
+            """All a resume needs, as plain values."""
+            learner = dict(q_network=q_network.state_dict(), target_network=target_network.state_dict())
+            learner |= dict(optimizer=optimizer.state_dict(), updates=updates)
+            actors = dict(obs=obs.copy(), h=h.cpu().clone(), c=c.cpu().clone(), is_first=is_first.copy())
+            actors |= dict(is_reset_step=is_reset_step.copy(), last_action=last_action.copy(), last_reward=last_reward.copy())
+            actors |= dict(stack=stack.copy())
+            logs = dict(stats=stats.state_dict(), action_log=action_log[:iterations_done].copy())
+            replay = dict(rb=rb.state_dict(), rng=rng.bit_generator.state, update_credit=update_credit)
+            return learner | actors | logs | replay | dict(learn_from=learn_from)
 
         if checkpoint is not None:
-            saved = run.restore(checkpoint_state())
-            update_credit, updates, learn_from = saved["update_credit"], saved["updates"], saved["learn_from"]
+            with run.restoring() as saved:
+                q_network.load_state_dict(saved["q_network"])
+                target_network.load_state_dict(saved["target_network"])
+                optimizer.load_state_dict(saved["optimizer"])
+                obs[:], is_first[:], is_reset_step[:] = saved["obs"], saved["is_first"], saved["is_reset_step"]
+                last_action[:], last_reward[:], stack[:] = saved["last_action"], saved["last_reward"], saved["stack"]
+                h.copy_(saved["h"])
+                c.copy_(saved["c"])
+                stats.load_state_dict(saved["stats"])
+                action_log[: len(saved["action_log"])] = saved["action_log"]
+                rb.load_state_dict(saved["rb"])
+                rng.bit_generator.state = saved["rng"]
+                update_credit, updates, learn_from = saved["update_credit"], saved["updates"], saved["learn_from"]
             envs, obs = run.fast_forward(envs, action_log[: global_step // num_envs], obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step, which starts no episode
                 is_reset_step[:], is_first[:] = True, False
@@ -571,6 +626,8 @@ def main(args: Args) -> list[float]:
                 learn_from = checkpoint["global_step"] + args.learning_starts
                 run.note_empty_replay(learn_from)
         progress = run.progress(global_step, updates_per_vector_step / num_envs)
+        # The NaN stop, kept on the device and read at logging intervals: no wait for the device at every update.
+        updates_finite = torch.ones((), dtype=torch.bool, device=device)
         for iteration in range(global_step // num_envs, num_iterations):
             global_step = (iteration + 1) * num_envs
             keep = torch.as_tensor(~is_first, device=device).float().unsqueeze(-1)
@@ -611,19 +668,25 @@ def main(args: Args) -> list[float]:
             while update_credit >= 1:
                 update_credit -= 1
                 ids, batch = rb.sample(args.batch_size, rng, args.prioritized_replay_beta, device)
-                td, mask, q_taken = sequence_td_errors(
-                    q_network, target_network, batch, args.burn_in, args.seq_len, args.n_step, args.gamma
+                loss, q_taken, mask, priorities, grads_finite = train_step(
+                    q_network,
+                    target_network,
+                    optimizer,
+                    batch,
+                    args.burn_in,
+                    args.seq_len,
+                    args.n_step,
+                    args.gamma,
+                    args.max_grad_norm,
+                    args.priority_eta,
                 )
-                loss = sequence_loss(td, batch["weights"])
-                optimizer.zero_grad()
-                loss.backward()
-                run.clip_grad_norm(q_network.parameters(), args.max_grad_norm, global_step)
-                optimizer.step()
-                rb.update_priorities(ids, sequence_priorities(td.detach().abs(), mask, args.priority_eta).cpu().numpy())
+                updates_finite &= grads_finite
+                rb.update_priorities(ids, priorities.cpu().numpy())
                 updates += 1
                 if updates % args.target_network_frequency == 0:
                     target_network.load_state_dict(q_network.state_dict())
                 if updates % args.log_interval == 0:
+                    run.check_finite(updates_finite, global_step)
                     run.writer.add_scalar("losses/td_loss", loss.item(), global_step)
                     run.writer.add_scalar("losses/q_values", (q_taken * mask).sum().item() / mask.sum().item(), global_step)
                     run.writer.add_scalar("charts/beta", args.prioritized_replay_beta, global_step)
@@ -631,17 +694,19 @@ def main(args: Args) -> list[float]:
                     run.writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
                     run.writer.add_scalar("charts/SPS", progress.sps(global_step), global_step)
             progress.print(global_step, stats.recent, updates=updates)
-            if run.checkpoint_or_stop(
-                global_step, num_envs, iteration + 1 == num_iterations, lambda: checkpoint_state(iteration + 1)
-            ):
+            if run.checkpoint_due(global_step, num_envs, iteration + 1 == num_iterations):
+                run.save(global_step, checkpoint_state(iteration + 1), learned=("q_network", "target_network", "optimizer"))
+            if run.stopped:  # a signal asked to stop: the checkpoint says how to continue
                 break
 
-        if args.save_model and not run.stopped:
-            run.save_and_evaluate(q_network, evaluate, device)
+        if not run.stopped:  # the updates since the last log, before the model is saved
+            run.check_finite(updates_finite, global_step)
+        if args.save_model and not run.stopped and (model_path := run.save_model(q_network.state_dict())):
+            run.log_evaluation(model_path, evaluate(q_network.state_dict(), args, device, run.video_folder))
         run.finish(stats.scores)
         envs.close()
     return stats.scores
 
 
 if __name__ == "__main__":
-    command_line.cli(main, Args)
+    main(command_line.parse(Args))

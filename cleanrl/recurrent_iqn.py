@@ -10,7 +10,6 @@ Hessel et al. 2018 (Rainbow); the algorithm follows the article "Fast Sample Eff
 
 import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
 
-import functools
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -27,6 +26,7 @@ from cleanrl_q_utils import (
     environments,
     episode_scores,
     flag_checks,
+    flag_errors,
     minatar,
     model_files,
     training_run,
@@ -174,9 +174,9 @@ MINATAR_DEFAULTS = dict(
 def validate_args(args) -> list:
     flag_checks.check_common_flags(args)
     if args.lstm_state_merge not in ("step", "sequence"):
-        flag_checks.flag_error("lstm_state_merge", args.lstm_state_merge, "step or sequence")
+        flag_errors.flag_error("lstm_state_merge", args.lstm_state_merge, "step or sequence")
     if args.lstm_state_merge != "step" and not args.iqn_before_lstm:
-        flag_checks.flag_error(
+        flag_errors.flag_error(
             "lstm_state_merge",
             args.lstm_state_merge,
             "only with --iqn-before-lstm (after the LSTM one state per sequence, nothing to merge)",
@@ -184,11 +184,11 @@ def validate_args(args) -> list:
     spec = flag_checks.check_env_id(args.env_id, atari=False)  # MinAtar's grids are not Atari's frames
     space = spec.observation_space
     if args.mask_velocity and not args.env_id.startswith("CartPole"):
-        flag_checks.flag_error("mask_velocity", True, f"only defined for CartPole, not --env-id={args.env_id}")
+        flag_errors.flag_error("mask_velocity", True, f"only defined for CartPole, not --env-id={args.env_id}")
     two_windows = 2 * (args.burn_in + args.seq_len + args.n_step) * args.num_envs
     if args.buffer_size < two_windows:
         rule = f"must hold two windows of --burn-in + --seq-len + --n-step steps per environment ({two_windows})"
-        flag_checks.flag_error("buffer_size", args.buffer_size, rule)
+        flag_errors.flag_error("buffer_size", args.buffer_size, rule)
     obs_shape = (2,) if args.mask_velocity else space.shape
     return flag_checks.check_run_memory(args, memory_needs(args, obs_shape, spec.action_space.n, space.dtype))
 
@@ -532,9 +532,9 @@ class Agent:
         self.last_reward = np.where(is_reset_step, 0.0, np.clip(reward, -1, 1)).astype(np.float32)
 
 
-def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad_norm):
-    """One update on batch_size sequences; returns the loss and mean Q as device tensors (no sync).
-    `clip_grad_norm(parameters, max_norm)` clips the gradients and stops the run on a non-finite norm."""
+def train_step(args, q_network, target_network, optimizer, rb, device):
+    """One update on batch_size sequences; returns the loss, the mean Q and whether the gradient norm was finite, as
+    device tensors (no sync)."""
     batch, initial_state, ids, probs = rb.sample(args.batch_size)  # (burn_in + L + n, B) slots
     bounds = window_bounds = segment_bounds(batch["is_first"])
     b = {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
@@ -582,19 +582,22 @@ def train_step(args, q_network, target_network, optimizer, rb, device, clip_grad
     loss_value = (loss * mask * weights).sum() / mask.sum().clamp(min=1.0)
     optimizer.zero_grad(set_to_none=True)
     loss_value.backward()
-    clip_grad_norm(q_network.parameters(), args.max_grad_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
     optimizer.step()
     if probs is not None:  # R2D2's sequence priority from the mean absolute sampled TD error of each step
         td = ((targets.unsqueeze(2) - chosen.detach().unsqueeze(3)).abs().mean((2, 3)) * mask).cpu().numpy()
         mean_td = td.sum(0) / np.maximum(mask.sum(0).cpu().numpy(), 1)
         priority = args.priority_eta * td.max(0) + (1 - args.priority_eta) * mean_td
         rb.update_priorities(ids, priority**args.prioritized_replay_alpha + 1e-6)
-    return loss_value.detach(), (chosen.detach().mean(2) * mask).sum() / mask.sum().clamp(min=1.0)
+    return loss_value.detach(), (chosen.detach().mean(2) * mask).sum() / mask.sum().clamp(min=1.0), torch.isfinite(grad_norm)
 
 
-def evaluate(model_path, args, device, video_folder="videos/eval"):
-    """Plays `args.eval_episodes` episodes with the saved model at `args.eval_epsilon` and returns their returns. Episodes
-    are split evenly over the environments so short ones are not favoured; `args.capture_video` records them (one env)."""
+def evaluate(weights: dict, args, device, video_folder: str):
+    """Plays `args.eval_episodes` episodes with the network of `weights` (a model file's) at `args.eval_epsilon` and
+    returns their returns. Episodes are split evenly over the environments so short ones are not favoured;
+    `args.capture_video` records them (one env) in `video_folder`."""
+    if args.eval_episodes == 0:  # none to play (and envpool builds no zero envs)
+        return []
     eval_episodes, num_envs = args.eval_episodes, 1 if args.capture_video else min(args.eval_episodes, 32)
     if args.capture_video:
         env = environments.make_video_env(args.env_id, video_folder)
@@ -602,7 +605,7 @@ def evaluate(model_path, args, device, video_folder="videos/eval"):
     else:
         envs = make_env(args.env_id, num_envs, args.seed + 1000, args.mask_velocity, args.max_episode_steps)
     q_network = QNetwork(envs.single_observation_space.shape, int(envs.single_action_space.n), args).to(device)
-    model_files.load_weights(q_network, model_path, device)
+    model_files.put_weights(q_network, weights, args.model_path)
     q_network.eval()
     agent = Agent(q_network, num_envs, args, device)
     quota = np.array([eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)])
@@ -625,9 +628,12 @@ def evaluate(model_path, args, device, video_folder="videos/eval"):
 
 
 def main(args: Args) -> list[float]:
-    args = minatar.with_defaults(args, MINATAR_DEFAULTS)
-    if args.eval_only:
-        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+    args = command_line.with_minatar_defaults(args, MINATAR_DEFAULTS)
+    if args.eval_only:  # rebuild a saved agent from its model file and evaluate it, no training
+        args, weights = model_files.read_for_evaluation(args, __file__)
+        validate_args(args)
+        device, video_folder = model_files.start_evaluation(args, __file__)
+        return model_files.report_evaluation(args, evaluate(weights, args, device, video_folder), video_folder)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)
     memory = validate_args(args)  # the memory the run will take, said in the start-up block
     args = flag_checks.whole_iterations(args)
@@ -662,15 +668,30 @@ def main(args: Args) -> list[float]:
         is_reset_step = np.zeros(args.num_envs, dtype=bool)
         start_iteration, updates = 0, 0
 
-        def checkpoint_state(iterations_done: int = num_iterations) -> dict:
-            learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
-            actors = dict(agent=agent, obs=obs, is_reset_step=is_reset_step, action_log=action_log[:iterations_done])
-            logs = dict(iteration=iterations_done, stats=stats, loss_sums=loss_sums)
-            return learner | actors | logs | {"rb": rb if args.checkpoint_replay else None}  # the replay is optional
+        def checkpoint_state(iterations_done: int) -> dict:
+            """All a resume needs, as plain values; the replay only with --checkpoint-replay."""
+            networks = dict(q_network=q_network.state_dict(), target_network=target_network.state_dict())
+            learner = networks | dict(optimizer=optimizer.state_dict(), updates=updates)
+            actors = dict(agent=agent.state_dict(), obs=obs.copy(), is_reset_step=is_reset_step.copy())
+            logs = dict(iteration=iterations_done, stats=stats.state_dict(), loss_sums=loss_sums.detach().cpu().clone())
+            replay = rb.state_dict() if args.checkpoint_replay else None
+            return learner | actors | dict(action_log=action_log[:iterations_done].copy()) | logs | {"rb": replay}
 
         if checkpoint:
-            saved = run.restore(checkpoint_state())
-            start_iteration, updates = saved["iteration"], saved["updates"]
+            with run.restoring() as saved:
+                q_network.load_state_dict(saved["q_network"])
+                target_network.load_state_dict(saved["target_network"])
+                optimizer.load_state_dict(saved["optimizer"])
+                updates = saved["updates"]
+                agent.load_state_dict(saved["agent"])
+                obs[: len(saved["obs"])] = saved["obs"]
+                is_reset_step[: len(saved["is_reset_step"])] = saved["is_reset_step"]
+                action_log[: len(saved["action_log"])] = saved["action_log"]
+                start_iteration = saved["iteration"]
+                stats.load_state_dict(saved["stats"])
+                loss_sums.copy_(saved["loss_sums"])
+                if args.checkpoint_replay:
+                    rb.load_state_dict(saved["rb"])
             envs, obs = run.fast_forward(envs, action_log[:start_iteration], obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
                 is_reset_step[:] = agent.game_over[:] = True  # game_over: the new game's timestep restarts
@@ -680,6 +701,8 @@ def main(args: Args) -> list[float]:
                 run.note_empty_replay(start_iteration * args.num_envs + args.learning_starts)
         progress = run.progress(start_iteration * args.num_envs, 1 / (update_every * args.num_envs))
         epsilon_floor = args.end_e if args.min_epsilon is None else args.min_epsilon
+        # The NaN stop, kept on the device and read at logging intervals: no wait for the device at every update.
+        updates_finite = torch.ones((), dtype=torch.bool, device=device)
         for iteration in range(start_iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
             base_epsilon = base_epsilon_schedule(
@@ -701,10 +724,12 @@ def main(args: Args) -> list[float]:
             if rb.pos * args.num_envs > args.learning_starts and iteration % update_every == 0 and rb.num_valid() > 0:
                 if args.anneal_lr:
                     optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
-                clip = functools.partial(run.clip_grad_norm, global_step=global_step)
-                loss_sums += torch.stack(train_step(args, q_network, target_network, optimizer, rb, device, clip))
+                loss, q_value, grads_finite = train_step(args, q_network, target_network, optimizer, rb, device)
+                loss_sums += torch.stack((loss, q_value))
+                updates_finite &= grads_finite
                 updates += 1
                 if updates % args.log_interval == 0:
+                    run.check_finite(updates_finite, global_step)
                     loss_sum, q_sum = loss_sums.tolist()
                     loss_sums.zero_()
                     run.writer.add_scalar("losses/quantile_loss", loss_sum / args.log_interval, global_step)
@@ -718,16 +743,20 @@ def main(args: Args) -> list[float]:
                     target_network.load_state_dict(q_network.state_dict())
 
             is_last = iteration == num_iterations
+            if is_last:  # the updates since the last logging block: no final checkpoint or model of NaN weights
+                run.check_finite(updates_finite, global_step)
             progress.print(global_step, stats.recent, force=is_last, updates=updates)
-            if run.checkpoint_or_stop(global_step, args.num_envs, is_last, lambda: checkpoint_state(iteration)):
+            if run.checkpoint_due(global_step, args.num_envs, is_last):
+                run.save(global_step, checkpoint_state(iteration), learned=("q_network", "target_network", "optimizer"))
+            if run.stopped:  # a signal asked to stop: the checkpoint says how to continue
                 break
         envs.close()
 
-        if args.save_model and not run.stopped:
-            run.save_and_evaluate(q_network, evaluate, device)
+        if args.save_model and not run.stopped and (model_path := run.save_model(q_network.state_dict())):
+            run.log_evaluation(model_path, evaluate(q_network.state_dict(), args, device, run.video_folder))
         run.finish(stats.scores)
     return stats.scores
 
 
 if __name__ == "__main__":
-    command_line.cli(main, Args, minatar=MINATAR_DEFAULTS)
+    main(command_line.parse(Args, minatar=MINATAR_DEFAULTS))

@@ -1,9 +1,12 @@
-"""Checkpoint files: what a checkpoint stores of each entry of a script's state (`state_of`, `load_into`), the random
-generators, the checksum, the atomic synced write (`write_checkpoint`), and the safe load of every file a script reads
+"""Checkpoint files: the saved state handed back on resume (`resumed_state`, with a learning rate given on resume), the
+random generators, the checksum, the atomic synced write (`write_checkpoint`), and the safe load of every file a script reads
 (`load_safely`, `read_checkpoint`): `torch.load(weights_only=True)`, so that no file runs code (numpy arrays are stored
 as tensors of their bytes), after `check_torch_zip` has checked, before any record is read, that the file is torch.save's
-zip layout and that what loading it allocates is bounded by its size; and the shape of a checkpoint's header
-(`header_error`)."""
+zip layout and that what loading it allocates is bounded by its size; the two kinds of file a script reads
+(`is_checkpoint`, `is_model_file`: a model file is marked MODEL_FILE) and the shape of a checkpoint's header
+(`header_error`).
+
+Layer 2 (parts): imports flag_errors only."""
 
 import contextlib
 import hashlib
@@ -16,14 +19,12 @@ import tempfile
 import threading
 import warnings
 import zipfile
-from collections import deque
 from typing import Callable, Optional
 
 import numpy as np
 import torch
-import torch.nn as nn
 
-from cleanrl_q_utils.flag_checks import available_memory_bytes, flag_error
+from cleanrl_q_utils.flag_errors import available_memory_bytes, flag_error
 
 
 def read_checkpoint(path: str, flag: str = "resume") -> dict:
@@ -253,41 +254,6 @@ def content_digest(value, hasher=None) -> str:
     return hasher.hexdigest() if top else ""
 
 
-def state_of(value):
-    """What a checkpoint stores of one entry of a script's checkpoint state."""
-    if hasattr(value, "state_dict"):  # networks, optimizers, buffers, EpisodeStats
-        return value.state_dict()
-    if isinstance(value, np.random.Generator):
-        return value.bit_generator.state
-    if isinstance(value, (np.ndarray, torch.Tensor)):
-        return value.copy() if isinstance(value, np.ndarray) else value.detach().cpu().clone()
-    return list(value) if isinstance(value, (list, deque)) else value
-
-
-def load_into(value, saved) -> None:
-    """Restores one entry of a script's checkpoint state in place; plain numbers are left to the script."""
-    if hasattr(value, "load_state_dict"):
-        value.load_state_dict(saved)
-    elif isinstance(value, np.random.Generator):
-        value.bit_generator.state = saved
-    elif isinstance(value, np.ndarray):
-        value[: len(saved)] = saved  # a log may be saved only up to the steps done
-    elif isinstance(value, torch.Tensor):
-        value.copy_(saved)
-    elif isinstance(value, (list, deque)):
-        value.clear()
-        value.extend(saved)
-
-
-def set_learning_rate(value, learning_rate: float) -> None:
-    """Sets the step size of `value` if it is an optimizer: torch's (every parameter group) or the flat RAdam (`lr`)."""
-    if isinstance(value, torch.optim.Optimizer):
-        for group in value.param_groups:
-            group["lr"] = learning_rate
-    elif hasattr(value, "load_state_dict") and isinstance(getattr(value, "lr", None), float):
-        value.lr = learning_rate
-
-
 def rng_states() -> dict:
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": cuda}
@@ -358,11 +324,17 @@ def write_checkpoint(path: str, checkpoint: dict, note_writing: Callable) -> Non
         note_writing(False)
 
 
-def is_learned(value) -> bool:
-    """A network or an optimizer (torch's, or the flat RAdam: a state and a float `lr`): the state that training
-    computes, which must hold no NaN or inf; buffers and logs may hold inf by design (an empty sum tree's minimum)."""
-    optimizer = hasattr(value, "load_state_dict") and isinstance(getattr(value, "lr", None), float)
-    return isinstance(value, (nn.Module, torch.optim.Optimizer)) or optimizer
+# The two kinds of file a script reads: a model file (`model_files.save_weights`) is marked by its `kind`; a checkpoint
+# (`Run.save`) holds its format, its digest and its state.
+MODEL_FILE = "cleanrl-q model"
+
+
+def is_model_file(contents) -> bool:
+    return isinstance(contents, dict) and contents.get("kind") == MODEL_FILE
+
+
+def is_checkpoint(contents) -> bool:
+    return isinstance(contents, dict) and {"format", "digest", "state"} <= set(contents)
 
 
 # The header of a checkpoint: each field and the types it may hold (`envs_start` and `learned` are absent from the
@@ -421,26 +393,39 @@ def flag_of_another_type(saved: dict, defaults) -> Optional[str]:
     return None
 
 
-def restore_state(checkpoint: dict, state: dict, args) -> dict:
-    """Loads `checkpoint` into `state` (a script's checkpoint state) in place, then the random generators (last:
-    building the networks and envs drew from them); a learning rate given on resume replaces the restored
-    optimizer's. Returns the saved entries. A state that does not fit stops the run in one line."""
-    saved = checkpoint["state"]
-    if set(saved) != set(state):
-        flag_error("resume", args.resume, f"holds {sorted(saved)}, expected {sorted(state)}")
-    # A checkpoint written before its header named the learned entries was not checked on resume: checked here, by
-    # the same rule as `Run.save`'s, before anything is loaded.
-    if not all_finite([saved[key] for key, value in state.items() if is_learned(value)]):
-        flag_error("resume", args.resume, "its networks or optimizers hold NaN or inf; resume from an earlier checkpoint")
-    try:
-        for key, value in state.items():
-            load_into(value, saved[key])
-        learning_rate = getattr(args, "learning_rate", None)
-        if learning_rate != checkpoint["args"].get("learning_rate", learning_rate):
-            for value in state.values():
-                set_learning_rate(value, learning_rate)
-        set_rng_states(checkpoint["rng"])
-    except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as error:
-        first = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
-        flag_error("resume", args.resume, f"its state does not fit this run ({type(error).__name__}: {first})")
+def resumed_state(checkpoint: dict, args) -> dict:
+    """The state of `checkpoint` as the script saved it (plain values), for the script to put into its own objects; a
+    learning rate given on resume (`args.learning_rate` other than the checkpoint's) replaces the one of every saved
+    optimizer state, torch's (each parameter group) and the flat RAdam's."""
+    saved = dict(checkpoint["state"])
+    learning_rate = getattr(args, "learning_rate", None)
+    if learning_rate != checkpoint["args"].get("learning_rate", learning_rate):
+        saved = {key: with_learning_rate(value, learning_rate) for key, value in saved.items()}
     return saved
+
+
+def with_learning_rate(state, learning_rate: float):
+    """`state` with its step size set to `learning_rate` if it is an optimizer's state: torch's (`param_groups`) or the
+    flat RAdam's (a float `lr` beside its moments); any other value unchanged."""
+    if isinstance(state, dict) and isinstance(state.get("param_groups"), list):
+        return {**state, "param_groups": [{**group, "lr": learning_rate} for group in state["param_groups"]]}
+    if isinstance(state, dict) and isinstance(state.get("lr"), float) and "exp_avg" in state:
+        return {**state, "lr": learning_rate}
+    return state
+
+
+def learned_entries(checkpoint: dict) -> list:
+    """The state entries of `checkpoint` that training computes (networks and optimizer moments), which must hold no
+    NaN or inf: those its header names (`learned`), or, in a checkpoint written before headers named them, every
+    network's or optimizer's state: a dict of only tensors (a state_dict), or one with torch's `param_groups` or the
+    flat RAdam's moments. Replays and logs are never among them: they may hold inf by design."""
+    if "learned" in checkpoint:
+        return list(checkpoint["learned"])
+
+    def is_learned(value) -> bool:
+        if not isinstance(value, dict) or not value:
+            return False
+        weights = all(isinstance(tensor, torch.Tensor) for tensor in value.values())
+        return weights or "param_groups" in value or {"lr", "exp_avg", "exp_avg_sq"} <= set(value)
+
+    return [key for key, value in checkpoint["state"].items() if is_learned(value)]

@@ -12,6 +12,8 @@ Given the seed and the actions the games are the same every time, which a resume
 actions needs.
 
 Atari stays on envpool: without it an Atari id stops with one line that says so.
+
+Layer 2 (parts): imports flag_errors only.
 """
 
 import types
@@ -19,7 +21,7 @@ import types
 import gymnasium as gym
 import numpy as np
 
-from cleanrl_q_utils.flag_checks import flag_error
+from cleanrl_q_utils.flag_errors import flag_error
 
 # envpool's classic-control ids with discrete actions that gymnasium also has (envpool's LunarLander-v2 is gone from
 # gymnasium 1.x).

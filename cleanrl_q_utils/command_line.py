@@ -1,5 +1,8 @@
-"""The command line: `cli` parses a script's `Args` and runs its `main`, `--help` lists the flags by group, and `resume`
-merges a checkpoint's flags with those given on the command line (which may change, which may not)."""
+"""The command line: `parse` reads a script's `Args` (`cli` also runs its `main`), `--help` lists the flags by group,
+`resume` merges a checkpoint's flags with those given on the command line (which may change, which may not);
+`with_configuration` and `with_minatar_defaults` fill the flags not given from a script's configuration.
+
+Layer 4 (run plumbing): imports flag_errors, checkpoint_files, minatar and flag_checks."""
 
 import os
 import shlex
@@ -8,15 +11,18 @@ import sys
 from dataclasses import fields, replace
 from typing import Optional
 
+from cleanrl_q_utils import minatar
 from cleanrl_q_utils.checkpoint_files import (
     all_finite,
     content_digest,
     flag_of_another_type,
     header_error,
+    is_model_file,
+    learned_entries,
     read_checkpoint,
 )
-from cleanrl_q_utils.flag_checks import flag_error, is_plain_name, rounded_total
-from cleanrl_q_utils.model_files import MODEL_FILE
+from cleanrl_q_utils.flag_checks import rounded_total
+from cleanrl_q_utils.flag_errors import flag_error, is_plain_name
 
 # The flags a resumed run may change from the command line: how the run is carried out and logged, what happens after
 # training, and a smaller step after a NaN stop. Every other flag keeps the checkpoint's value; giving it another one
@@ -50,7 +56,7 @@ def resume(given, script: str, checkpoint_format: int):
     if not os.path.isfile(given.resume):
         flag_error("resume", given.resume, "not a file" if os.path.exists(given.resume) else "no such file")
     checkpoint, names = read_checkpoint(given.resume, "resume"), {field.name for field in fields(given)}
-    if checkpoint.get("kind") == MODEL_FILE:
+    if is_model_file(checkpoint):
         flag_error("resume", given.resume, "a model file (--save-model), not a checkpoint: evaluate it with --eval-only")
     try:
         malformed = header_error(checkpoint)
@@ -72,7 +78,7 @@ def resume(given, script: str, checkpoint_format: int):
         flag_error("resume", given.resume, f"not a readable checkpoint ({type(error).__name__}: {error})")
     # The learned entries Run.save named: refused here, before a run folder or log is touched, rather than resumed and
     # later named as the last good checkpoint by the NaN stop.
-    if not all_finite([checkpoint["state"][key] for key in checkpoint.get("learned", [])]):
+    if not all_finite([checkpoint["state"][key] for key in learned_entries(checkpoint)]):
         flag_error("resume", given.resume, "its networks or optimizers hold NaN or inf; resume from an earlier checkpoint")
     saved = {**{name: getattr(type(given)(), name) for name in LATER_FLAGS & names}, **checkpoint["args"]}
     # How to resume is said anew each time: --resume, and --resume-fresh-envs (fresh games, or the exact replay).
@@ -100,6 +106,15 @@ def with_configuration(args, configuration: dict, name: str):
     return replace(args, **used)
 
 
+def with_minatar_defaults(args, defaults: dict):
+    """`args` with a script's MinAtar configuration `defaults` for a MinAtar id, except the flags given on the command
+    line (they win); prints what was used. Other ids are left as they are, and so are a resumed run (its checkpoint
+    holds its flags) and an evaluation (its model file holds them)."""
+    if not minatar.is_minatar(args.env_id) or args.resume is not None or args.eval_only:
+        return args
+    return with_configuration(args, defaults, "the MinAtar configuration")
+
+
 def flags_given(args) -> set[str]:
     """The fields of `args` given on the command line (`--name`, `--name=value`, `--no-name`, with - or _), plus, for a
     script's `main` called from Python, the fields whose values differ from the defaults."""
@@ -112,16 +127,18 @@ def flags_given(args) -> set[str]:
     return given
 
 
-def cli(main, args_class, minatar: Optional[dict] = None, atari: Optional[dict] = None) -> None:
-    """A script's command line: parses the flags into `args_class` and runs `main`. A run stopped by a signal (after
-    writing its checkpoint) leaves `main` with SystemExit(128 + the signal's number): shells and schedulers tell it
-    from a finished run by that exit status. `minatar` and `atari` are the configurations that a MinAtar id or an
-    Atari id brings (the script's MINATAR_DEFAULTS, ATARI_DEFAULTS): `--help` shows their values."""
+def parse(args_class, minatar: Optional[dict] = None, atari: Optional[dict] = None):
+    """A script's flags, parsed into `args_class`: `if __name__ == "__main__": main(command_line.parse(Args))`. `--help`
+    prints the flags by group and exits; `minatar` and `atari` are the configurations that a MinAtar id or an Atari id
+    brings (the script's MINATAR_DEFAULTS, ATARI_DEFAULTS), shown there. A run stopped by a signal (after writing its
+    checkpoint) leaves `main` with SystemExit(128 + the signal's number): shells and schedulers tell it from a finished
+    run by that exit status."""
     import tyro
 
     if {"-h", "--help"} & set(sys.argv[1:]):  # tyro's help is one flat list; the flags read better by group
-        return print_grouped_help(args_class, sys.modules[args_class.__module__].__doc__, minatar, atari)
-    main(tyro.cli(args_class))
+        print_grouped_help(args_class, sys.modules[args_class.__module__].__doc__, minatar, atari)
+        raise SystemExit(0)
+    return tyro.cli(args_class)
 
 
 # `--help` groups: the fields of each, in their order in `Args`; a field not named here is an algorithm flag.

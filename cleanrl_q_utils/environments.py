@@ -1,7 +1,9 @@
 """Environment helpers that are not the algorithm: the recording env of `--capture-video` (envpool does not render),
 the flags of an Atari step at the step cap, and the rebuilding of envpool envs on resume (`fast_forward_envs` steps the
 logged actions again; `FirstStepIsReset` starts fresh games with a reset step). A video file is written whole or not
-at all (`write_whole_video`)."""
+at all (`write_whole_video`).
+
+Layer 3 (checks and helpers): imports minatar, episode_scores and flag_checks."""
 
 import contextlib
 import os

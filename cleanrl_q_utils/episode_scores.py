@@ -1,5 +1,7 @@
 """What a run reports while it trains: true game scores of vectorized envs (`EpisodeStats`: whole episodes, unclipped,
-envpool's reset step excluded) and the console's progress line with its time-left estimate (`Progress`)."""
+envpool's reset step excluded) and the console's progress line with its time-left estimate (`Progress`).
+
+Layer 2 (parts): imports no module of this package."""
 
 import time
 from collections import deque

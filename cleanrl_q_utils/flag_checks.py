@@ -1,21 +1,23 @@
 """Flag checks: every range a flag shared by several scripts must lie in (`FLAG_RANGES`, `COUNT_FLAGS`), checked once
 by `check_common_flags` before a script's own cross-flag rules; the env id, the memory a run will need, the
 `--eval-only` and `--capture-video` flags. Each failed check stops the run with one line naming the flag, its value
-and what is allowed (`flag_error`)."""
+and what is allowed (`flag_errors.flag_error`).
+
+Layer 3 (checks and helpers): imports flag_errors, minatar and classic_control."""
 
 import contextlib
 import importlib.util
 import math
 import netrc
 import os
-import string
 import urllib.parse
 from dataclasses import replace
-from typing import NoReturn, Optional
+from typing import Optional
 
 import gymnasium as gym
 
-from cleanrl_q_utils import minatar
+from cleanrl_q_utils import classic_control, minatar
+from cleanrl_q_utils.flag_errors import PLAIN_NAME_RULE, available_memory_bytes, flag_error, is_plain_name
 
 # Ranges of the flags that several scripts share, checked by `check_common_flags` for every field a script has.
 # NaN fails every test (comparisons with NaN are false).
@@ -59,18 +61,6 @@ COUNT_FLAGS = (  # numbers of things: at least 1
     "train_frequency target_network_frequency hidden_size lstm_size quantile_embedding_dim num_tau_samples "
     "num_tau_prime_samples num_quantile_samples log_interval max_episode_steps frame_stack sequence_period"
 ).split()
-
-
-def flag_error(flag: str, value, allowed: str) -> NoReturn:
-    """Stops the run with one line that names the flag, its value and what is allowed."""
-    raise SystemExit(f"error: --{flag.replace('_', '-')}={value}: {allowed}")
-
-
-def check_flags(checks: list[tuple[str, object, bool, str]]) -> None:
-    """`checks` holds (flag, value, ok, allowed) rows; the first row that is not ok stops the run."""
-    for flag, value, ok, allowed in checks:
-        if not ok:
-            flag_error(flag, value, allowed)
 
 
 def check_common_flags(args) -> None:
@@ -160,8 +150,6 @@ def check_env_id(env_id: str, atari: Optional[bool] = None):
     `atari` given, that it is (True) or is not (False) an Atari game of image observations. MinAtar ids (gymnasium's)
     are for the scripts of vector observations, which give their 10x10 images a torso of their own. Where envpool is not
     installed (it has Linux wheels only), classic control is gymnasium's and an Atari id stops with one line."""
-    from cleanrl_q_utils import classic_control  # it imports this module
-
     if minatar.is_minatar(env_id):
         if atari:
             flag_error("env_id", env_id, "a MinAtar game: this script needs an Atari game; its twin for vectors plays MinAtar")
@@ -180,20 +168,6 @@ def check_env_id(env_id: str, atari: Optional[bool] = None):
     return spec
 
 
-def available_memory_bytes() -> int:
-    """RAM the kernel says can be allocated without swapping (MemAvailable), else the free pages, else (macOS, which
-    counts no free pages for sysconf) all of the RAM: a bound that still stops what could never fit."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            return next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def check_memory(needed_bytes: int, what: str, flags: str) -> None:
     """Stops before allocating when `what` (e.g. "the replay") would not fit in the available RAM; `flags` names the
     flags and values that set its size, e.g. "--buffer-size=1000000"."""
@@ -203,19 +177,6 @@ def check_memory(needed_bytes: int, what: str, flags: str) -> None:
             f"error: {flags}: {what} needs about {needed_bytes / 1e9:,.1f} GB but {available / 1e9:,.1f} GB are "
             "available; lower it"
         )
-
-
-# A run's name (--exp-name in it) names its folder, its model file and its W&B run, and is part of the commands a run
-# prints: it is kept to characters that no shell, file system or URL reads as anything but themselves.
-PLAIN_NAME_CHARACTERS = frozenset(string.ascii_letters + string.digits + "._-+=,@")
-PLAIN_NAME_RULE = "letters, digits and . _ - + = , @ only, not starting with '-', not '.' or '..'"
-
-
-def is_plain_name(name, most_bytes: int = 255) -> bool:
-    """A name that is one folder or file name of plain characters (PLAIN_NAME_RULE): no path separator, space, quote
-    or shell character, no leading '-' (it would read as a flag), not `.` or `..`, not empty, not too long."""
-    plain = isinstance(name, str) and name not in ("", ".", "..") and set(name) <= PLAIN_NAME_CHARACTERS
-    return plain and not name.startswith("-") and len(name) <= most_bytes
 
 
 # Resident memory one environment adds, rounded up from measurements (process RSS before and after building 8 to 1,024

@@ -5,6 +5,8 @@ c * keep_t))`, which the tests compare against; the functions here only choose a
 device (docs/rl-algorithms/recurrent_iqn.md, "Speed", and `python benchmark/lstm_unroll_speed.py`): one cuDNN call per
 stretch between restarts on a GPU, and on a CPU one matmul for the input projection of all steps followed by a loop
 that only computes h W_hh^T.
+
+Layer 2 (parts): imports no module of this package.
 """
 
 import numpy as np

@@ -1,11 +1,14 @@
 """MinAtar (Young & Tian 2019, "MinAtar: An Atari-Inspired Testbed for Thorough and Reproducible Reinforcement Learning
 Experiments") through gymnasium, for the vector scripts: the env id check, the vectorized training and evaluation envs,
-the rendering env of videos, and a script's MinAtar configuration.
+and the rendering env of videos (a script's MinAtar configuration is merged into its flags by
+`command_line.with_minatar_defaults`).
 
 MinAtar is GPL-3.0: this project depends on it as the optional extra `minatar` and only calls it. Its games are played
 as the package ships them, which is Young & Tian's protocol: sticky actions (0.1), difficulty ramping, no frame skip,
 `MinAtar/<Game>-v0` with all six actions (`-v1`: the game's minimal set). No time limit is registered and none is
 added: every game ends on its own (Freeway after 2,500 steps), and an episode's score is its summed reward.
+
+Layer 2 (parts): imports no module of this package.
 """
 
 import os
@@ -82,14 +85,3 @@ def make_rendering_env(env_id: str) -> gym.Env:
     register(env_id)
     os.environ.setdefault("MPLBACKEND", "Agg")
     return LargeFrames(gym.make(env_id, render_mode="rgb_array", disable_env_checker=True))
-
-
-def with_defaults(args, defaults: dict):
-    """`args` with a script's MinAtar configuration `defaults` for a MinAtar id, except the flags given on the command
-    line (they win); prints what was used. Other ids are left as they are, and so are a resumed run (its checkpoint
-    holds its flags) and an evaluation (its model file holds them)."""
-    from cleanrl_q_utils.command_line import with_configuration
-
-    if not is_minatar(args.env_id) or args.resume is not None or args.eval_only:
-        return args
-    return with_configuration(args, defaults, "the MinAtar configuration")

@@ -1,24 +1,31 @@
-"""Model files: `--save-model` writes the weights with every flag of the run (`save_model`), `--eval-only --model-path`
-reads them back without running code and rebuilds the agent from the saved flags (`evaluate_only`)."""
+"""Model files: `--save-model` writes the weights with every flag of the run (`save_weights`), `--eval-only --model-path`
+reads them back without running code (`read_for_evaluation`, `start_evaluation`, `report_evaluation`): the script
+rebuilds the agent from the saved flags and loads the weights into it (`put_weights`).
+
+Layer 4 (run plumbing): imports flag_errors, checkpoint_files, flag_checks and run_folder."""
 
 import os
 import time
 from dataclasses import fields, replace
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 import torch.nn as nn
 
 from cleanrl_q_utils.checkpoint_files import (
+    MODEL_FILE,
     PLAIN_FLAG_TYPES,
     all_finite,
     flag_of_another_type,
+    is_checkpoint,
+    is_model_file,
     load_safely,
     unreadable_reason,
     write_atomically,
 )
-from cleanrl_q_utils.flag_checks import check_evaluation_flags, flag_error
+from cleanrl_q_utils.flag_checks import check_evaluation_flags
+from cleanrl_q_utils.flag_errors import flag_error
 from cleanrl_q_utils.run_folder import describe_device, pick_device, seed_everything
 
 # The flags an --eval-only run takes from the command line; every other flag comes from the saved model file.
@@ -28,13 +35,10 @@ EVALUATION_FLAGS = ("eval_only", "model_path", "eval_episodes", "eval_epsilon", 
 TRAINING_RUN_FLAGS = ("resume",)
 
 
-MODEL_FILE = "cleanrl-q model"  # marks a model file written by `save_model`
-
-
-def save_model(path: str, script: str, args, network: nn.Module) -> None:
-    """A model file holds the weights and every flag of the run, which rebuild the network (sizes, env) later. It is
-    written whole or not at all (a temporary file renamed over `path`)."""
-    model = {"kind": MODEL_FILE, "script": os.path.basename(script), "args": vars(args), "model": network.state_dict()}
+def save_weights(path: str, script: str, args, weights: dict) -> None:
+    """A model file holds the weights (a network's state_dict) and every flag of the run, which rebuild the network
+    (sizes, env) later. It is written whole or not at all (a temporary file renamed over `path`)."""
+    model = {"kind": MODEL_FILE, "script": os.path.basename(script), "args": vars(args), "model": weights}
     write_atomically(path, lambda file: torch.save(model, file))
 
 
@@ -42,31 +46,24 @@ def read_model_file(path: str) -> dict:
     """The contents of a model file, loaded without running code and within bounded memory (`load_safely`): a dict of
     its `kind`, `script`, `args` (plain values) and `model` (weights: names and tensors). A file of bare weights
     (written before flags were saved) reads as {"model": ...}. Any other shape, or weights that hold NaN or inf, is
-    refused in one line. While `evaluate_only` runs, the file it read is not read again (`held`)."""
-    if path in held:
-        return held[path]
+    refused in one line."""
     try:
         saved = load_safely(path)
     except Exception as error:
         flag_error("model_path", path, f"not a readable model file ({unreadable_reason(error)})")
-    if isinstance(saved, dict) and {"format", "digest", "state"} <= set(saved):
+    if is_checkpoint(saved):
         flag_error("model_path", path, "a checkpoint, not a model file: --save-model writes one (or --resume this)")
     if not isinstance(saved, dict):
         flag_error("model_path", path, f"not a readable model file (its top level is a {type(saved).__name__}, not a dict)")
-    saved = saved if saved.get("kind") == MODEL_FILE else {"model": saved}
+    saved = saved if is_model_file(saved) else {"model": saved}
     wrong = model_file_error(saved)
     if wrong:
         flag_error("model_path", path, f"not a readable model file ({wrong})")
     return saved
 
 
-# The model file `evaluate_only` read, by path, while it evaluates it: the script's `evaluate` loads its weights
-# (`load_weights`) from what was read and checked once, not from a second read of a file that may have changed.
-held: dict[str, dict] = {}
-
-
 def model_file_error(saved: dict) -> Optional[str]:
-    """Why `saved` (a model file's contents, or {"model": bare weights}) has not the shape `save_model` writes, or None."""
+    """Why `saved` (a model file's contents, or {"model": bare weights}) has not the shape `save_weights` writes, or None."""
     fields_of = dict(kind=str, script=str, args=dict) if "kind" in saved else {}
     for field, kind in fields_of.items():
         if not isinstance(saved.get(field), kind):
@@ -85,10 +82,9 @@ def model_file_error(saved: dict) -> Optional[str]:
     return None
 
 
-def load_weights(network: nn.Module, path: str, device) -> None:
-    """Loads the weights of a model file into `network`, or stops with one line when they do not fit it (a file of
-    another script, or of bare weights saved with other network sizes)."""
-    weights = read_model_file(path)["model"]
+def put_weights(network: nn.Module, weights: dict, path: Optional[str]) -> None:
+    """Loads `weights` (a state_dict, read from the model file at `path`) into `network`, or stops with one line when
+    they do not fit it (a file of another script, or of bare weights saved with other network sizes)."""
     try:
         network.load_state_dict(weights)
     except (RuntimeError, TypeError, AttributeError) as error:
@@ -105,42 +101,46 @@ def evaluation_line(path: str, scores: list[float]) -> str:
     )
 
 
-def evaluate_only(given, script: str, validate: Callable, evaluate: Callable) -> list[float]:
-    """--eval-only --model-path PATH: rebuilds the saved agent with the flags saved beside its weights and plays
-    `--eval-episodes` evaluation episodes (recorded with --capture-video); prints and returns their scores. Only
-    EVALUATION_FLAGS come from the command line; other flags given that differ from the saved ones are named."""
+def read_for_evaluation(given, script: str) -> tuple:
+    """--eval-only --model-path PATH, first half: (args, weights) of the saved agent, read once and checked. Only
+    EVALUATION_FLAGS come from the command line; every other flag comes from the model file (other values given for
+    them are named and ignored). The script then checks the flags (its `validate_args`), calls `start_evaluation`,
+    plays the episodes with `weights` and hands the scores to `report_evaluation`."""
     check_evaluation_flags(given)
     saved, name = read_model_file(given.model_path), os.path.basename(script)
     if "args" not in saved:
         print(f"note: {given.model_path} holds weights only: the network is built from the command-line flags")
-        args = given
-    elif saved["script"] != name:
+        return given, saved["model"]
+    if saved["script"] != name:
         flag_error("model_path", given.model_path, f"written by {saved['script']}, not {name}")
-    elif wrong := flag_of_another_type(saved["args"], type(given)()):  # checked before any flag is used
+    if wrong := flag_of_another_type(saved["args"], type(given)()):  # checked before any flag is used
         flag_error(
             "model_path", given.model_path, f"not a readable model file (its flag {wrong} holds {saved['args'][wrong]!r:.60})"
         )
-    else:
-        names, defaults = {field.name for field in fields(given)}, type(given)()
-        taken = names.difference(EVALUATION_FLAGS, TRAINING_RUN_FLAGS)
-        kept = {key: value for key, value in saved["args"].items() if key in taken}
-        for key, value in kept.items():
-            if getattr(given, key) not in (value, getattr(defaults, key)):
-                print(f"eval-only: ignoring --{key.replace('_', '-')}={getattr(given, key)}; the model's value is {value}")
-        args = replace(given, **kept)
-    validate(args)
+    names, defaults = {field.name for field in fields(given)}, type(given)()
+    taken = names.difference(EVALUATION_FLAGS, TRAINING_RUN_FLAGS)
+    kept = {key: value for key, value in saved["args"].items() if key in taken}
+    for key, value in kept.items():
+        if getattr(given, key) not in (value, getattr(defaults, key)):
+            print(f"eval-only: ignoring --{key.replace('_', '-')}={getattr(given, key)}; the model's value is {value}")
+    return replace(given, **kept), saved["model"]
+
+
+def start_evaluation(args, script: str) -> tuple:
+    """--eval-only, second half: seeds the generators, picks the device and says what is evaluated; returns (device,
+    video folder). No run folder: an evaluation leaves nothing in the model's run folder, whose run may be going on."""
     # Seeded, so that an evaluation repeats exactly; a training run's own evaluation instead continues the generators
     # that training advanced (same environment seeds, other random draws: see docs/get-started/basic-usage.md).
     seed_everything(args.seed, getattr(args, "torch_deterministic", True))
     device = pick_device(args.cuda)
+    name = os.path.basename(script)
     print(f"{name}: evaluating {args.model_path} on {args.env_id}, device {describe_device(device, args.cuda)}")
-    # No run folder: an evaluation leaves nothing in the model's run folder, whose run may be going on.
-    video_folder = f"videos/{os.path.basename(os.path.dirname(os.path.abspath(args.model_path)))}-eval-{int(time.time())}"
-    held[args.model_path] = saved
-    try:
-        scores = evaluate(args.model_path, args, device, video_folder) if args.eval_episodes else []  # 0: envpool builds none
-    finally:
-        held.pop(args.model_path, None)
+    run_of_model = os.path.basename(os.path.dirname(os.path.abspath(args.model_path)))
+    return device, f"videos/{run_of_model}-eval-{int(time.time())}"
+
+
+def report_evaluation(args, scores: list[float], video_folder: str) -> list[float]:
+    """--eval-only, last: prints the evaluation's line (and where its videos are); returns the scores."""
     print(evaluation_line(args.model_path, scores))
     if args.capture_video:
         print(f"videos in {video_folder}")

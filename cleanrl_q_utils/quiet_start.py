@@ -9,6 +9,8 @@ gone (`stop_signals.QuietWhenGone`: a closed pipe, `--help | head` or `| tee log
 so that neither a run's checkpoint nor the exit status depends on whether anyone still reads them.
 
 Imported by anything else (a test importing a script), it does nothing.
+
+Layer 2 (parts): imports stop_signals.
 """
 
 import os

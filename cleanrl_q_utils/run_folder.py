@@ -1,6 +1,8 @@
 """Where a run writes and what it runs on: the run's name and folder (created exclusively, locked while the run
 lives, and on resume chosen so that a run never writes into another's files), the stop on a full or read-only disk,
-seeding, the device, the software versions logged with the hyperparameters, and the start-up block that says it all."""
+seeding, the device, the software versions logged with the hyperparameters, and the start-up block that says it all.
+
+Layer 4 (run plumbing): imports checkpoint_files and classic_control."""
 
 import contextlib
 import ctypes
@@ -18,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from cleanrl_q_utils import classic_control
 from cleanrl_q_utils.checkpoint_files import load_safely
 
 
@@ -63,9 +66,7 @@ def software_versions(script: str) -> dict:
     """The versions a result depends on, logged with the hyperparameters: torch, envpool, gymnasium, and the git commit
     of the scripts (with "+changes" when the working tree differs from it); envpool "not installed" where classic
     control runs on gymnasium."""
-    from cleanrl_q_utils.classic_control import import_envpool
-
-    envpool = import_envpool()
+    envpool = classic_control.import_envpool()
 
     def git(*command):
         try:

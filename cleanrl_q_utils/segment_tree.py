@@ -1,7 +1,9 @@
 """The segment tree behind prioritized replay: one class for every script that samples by priority
 (dqn_dueling_per, r2d2, r2d2_atari, recurrent_iqn, recurrent_iqn_atari). It is an index over an array of
 priorities, shared as CleanRL shares its buffers; what a buffer stores, how it turns random numbers into draws and
-how it sets priorities stay in each script."""
+how it sets priorities stay in each script.
+
+Layer 2 (parts): imports no module of this package."""
 
 import numpy as np
 

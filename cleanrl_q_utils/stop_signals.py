@@ -7,7 +7,9 @@ terminal closes, as nohup promises.
 
 Output that cannot be written does not stop anything: once the console is gone (a closed pipe, as when `| tee log`
 ends on the same Ctrl-C; a closed terminal after SIGHUP), the standard streams fall silent (`QuietWhenGone`), and the
-run goes on to its checkpoint and its exit status as if it had been read."""
+run goes on to its checkpoint and its exit status as if it had been read.
+
+Layer 2 (parts): imports no module of this package."""
 
 import contextlib
 import errno

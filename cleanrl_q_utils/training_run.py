@@ -1,26 +1,37 @@
-"""The life of one training run, as a script's `main` writes it:
+"""The life of one training run, as a script's `main` writes it. The script calls the package and gets values back;
+the package never receives a function of the script:
 
     if args.eval_only:  # --eval-only --model-path: rebuild a saved agent and evaluate it, no training
-        return model_files.evaluate_only(args, __file__, validate_args, evaluate)
+        args, weights = model_files.read_for_evaluation(args, __file__)  # the model file's flags and weights
+        validate_args(args)
+        device, video_folder = model_files.start_evaluation(args, __file__)
+        return model_files.report_evaluation(args, evaluate(weights, args, device, video_folder), video_folder)
     args, checkpoint = command_line.resume(args, __file__, CHECKPOINT_FORMAT)  # --resume: the checkpoint, its flags
     memory = validate_args(args)  # flag ranges (flag_checks), the script's own cross-flag rules, the memory it needs
     with training_run.Run(args, checkpoint, __file__, CHECKPOINT_FORMAT, memory=memory) as run:  # start-up block, logs
         ...build envs, networks, buffers on run.device (the generators are seeded)...
-        def checkpoint_state(iterations_done=num_iterations): return learner | actors | logs  # all a resume needs
+        def checkpoint_state(iterations_done): return dict(q_network=q_network.state_dict(), ...)  # plain values
         if checkpoint:
-            saved = run.restore(checkpoint_state())  # in place; the script takes its plain numbers from `saved`
-            envs, obs = run.fast_forward(envs, action_log, obs, stats)  # and sets its own flags for fresh envs
+            with run.restoring() as saved:  # the saved plain values; the generators are restored on leaving
+                q_network.load_state_dict(saved["q_network"]) ...  # the script fills its own objects
+            envs, obs = run.fast_forward(envs, action_log, obs, stats)
         progress = run.progress(global_step)
         for ...:
-            ...
-            if run.checkpoint_or_stop(global_step, steps_this_iteration, is_last, lambda: checkpoint_state(iteration)):
+            ...each update returns torch.isfinite(grad_norm); updates_finite &= it, on the device...
+            if logging: run.check_finite(updates_finite, global_step)  # the NaN stop, one read per log line
+            if run.checkpoint_due(global_step, steps_this_iteration, is_last):
+                run.save(global_step, checkpoint_state(iteration + 1), learned=("q_network", "optimizer"))
+            if run.stopped:  # a signal asked to stop; the checkpoint just written says how to continue
                 break
-        if args.save_model and not run.stopped:
-            run.save_and_evaluate(q_network, evaluate, run.device)
+        if args.save_model and not run.stopped and (model_path := run.save_model(q_network.state_dict())):
+            run.log_evaluation(model_path, evaluate(q_network.state_dict(), args, device, run.video_folder))
         run.finish(stats.scores)  # the summary line
 
 `Run` holds the run folder and its lock, the TensorBoard writer (W&B with --track), the signal handlers and the
-checkpoints; a run stopped by a signal leaves the block with SystemExit(128 + the signal's number)."""
+checkpoints; a run stopped by a signal leaves the block with SystemExit(128 + the signal's number).
+
+Layer 4 (run plumbing): imports flag_errors, checkpoint_files, episode_scores, stop_signals, environments, run_folder
+and model_files."""
 
 import contextlib
 import os
@@ -28,14 +39,14 @@ import shlex
 import shutil
 import threading
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import torch
-import torch.nn as nn
 from torch.utils.tensorboard import SummaryWriter
 
 from cleanrl_q_utils import checkpoint_files, environments, episode_scores, model_files, run_folder, stop_signals
+from cleanrl_q_utils.flag_errors import flag_error
 
 
 class Run:
@@ -55,8 +66,9 @@ class Run:
         self.script = os.path.abspath(script)
         self.start_time, self.eval_scores, self.lock, self.writer = time.time(), None, None, None
         self.learning_resumes_at = None  # set by note_empty_replay
+        self.training_done_after_save = False  # set by checkpoint_due
         self.stopped, self.created, self.last_checkpoint, self.dir = False, False, None, None
-        self.global_step = self.start_step = checkpoint["global_step"] if checkpoint else 0  # last step checkpoint_or_stop saw
+        self.global_step = self.start_step = checkpoint["global_step"] if checkpoint else 0  # last step checkpoint_due saw
         # The step at which the current envs started their first games: 0, or that of the last --resume-fresh-envs.
         # They are seeded with seed + that step (envpool takes 31-bit seeds), so that new games are not the first ones.
         fresh = checkpoint is not None and args.resume_fresh_envs
@@ -117,30 +129,39 @@ class Run:
             f"resumes at step {learning_resumes_at}"
         )
 
-    def save_and_evaluate(self, network: nn.Module, evaluate: Callable, device: torch.device) -> list[float]:
-        """--save-model at the end of training: writes the model file, then plays the evaluation episodes with it
-        (recorded with --capture-video), logs their scores and prints their mean."""
+    def save_model(self, weights: dict) -> Optional[str]:
+        """--save-model at the end of training: writes `weights` (the network's state_dict) with every flag of the run to
+        the run folder; returns the model file's path, or None when a signal asked to stop before training ended (the
+        checkpoint is then unchanged and the evaluation skipped)."""
         if self.signals.stop_requested:  # asked to stop before the loop took a step (a resume of a finished run)
             self.stopped = True
             print(f"stopped before the final evaluation; the checkpoint is unchanged: {self.last_checkpoint}")
-            return []
+            return None
         path = f"{self.dir}/{self.args.exp_name}.cleanrl_model"
         try:
-            model_files.save_model(path, self.script, self.args, network)
+            model_files.save_weights(path, self.script, self.args, weights)
         except (OSError, RuntimeError) as error:  # torch.save reports a full disk as a RuntimeError
             last = self.last_checkpoint or "none written"
             run_folder.stop_on_disk_error(
                 f"error: writing the model file {path} failed ({error}); last good checkpoint: {last}"
             )
         print(f"model saved to {path}")
-        # --eval-episodes 0 plays none: no envs are built for it (envpool refuses 0 of them)
-        self.eval_scores = evaluate(path, self.args, device, f"{self.dir}/videos") if self.args.eval_episodes else []
-        for episode, score in enumerate(self.eval_scores):
+        return path
+
+    def log_evaluation(self, model_path: str, scores: list[float]) -> list[float]:
+        """Logs the scores of the evaluation of the model file at `model_path` and prints their mean; returns them."""
+        self.eval_scores = scores
+        for episode, score in enumerate(scores):
             self.writer.add_scalar("eval/episodic_return", score, episode)
-        print(model_files.evaluation_line(path, self.eval_scores))
+        print(model_files.evaluation_line(model_path, scores))
         if getattr(self.args, "capture_video", False):
-            print(f"videos in {self.dir}/videos")
-        return self.eval_scores
+            print(f"videos in {self.video_folder}")
+        return scores
+
+    @property
+    def video_folder(self) -> str:
+        """Where the evaluation after training records its videos (with --capture-video)."""
+        return f"{self.dir}/videos"
 
     def finish(self, scores: list[float]) -> None:
         """The last line of a run: how far it got, how long it took, its recent training return and evaluation."""
@@ -217,19 +238,12 @@ class Run:
         self.signals.replaying = False
         return envs, obs
 
-    def restore(self, state: dict) -> dict:
-        """Loads the checkpoint into `state` (the script's checkpoint state) in place, then the random generators;
-        returns the saved entries, from which the script takes its plain numbers."""
-        saved = checkpoint_files.restore_state(self.checkpoint, state, self.args)
-        step, restored = self.checkpoint["global_step"], ", ".join(sorted(saved))
-        print(f"resume: continuing {self.name} from step {step}; restored {restored} and the random generators")
-        return saved
-
-    def save(self, global_step: int, state: dict) -> str:
-        """Writes the checkpoint of `state` at `global_step` over the previous one (see `write_checkpoint`). A state
-        whose weights or optimizer moments hold NaN or inf is not written: the previous checkpoint stays good."""
-        learned = [key for key, value in state.items() if checkpoint_files.is_learned(value)]
-        state = {key: checkpoint_files.state_of(value) for key, value in state.items()}
+    def save(self, global_step: int, state: dict, learned: tuple) -> str:
+        """Writes the checkpoint of `state` (plain values: state dicts, arrays, numbers) at `global_step` over the previous
+        one (see `write_checkpoint`). `learned` names the entries that training computes (the networks' and optimizers'
+        states): a state whose learned entries hold NaN or inf is not written, and the previous checkpoint stays good.
+        After the checkpoint of a stop, prints the command that continues the run."""
+        learned = list(learned)
         header = dict(format=self.format, script=os.path.basename(self.script), args=vars(self.args), run_name=self.name)
         checkpoint = dict(
             header, wandb_id=self.wandb_id, global_step=global_step, rng=checkpoint_files.rng_states(), state=state
@@ -250,42 +264,59 @@ class Run:
                 f"last good checkpoint: {self.last_checkpoint or 'none written'}"
             )
         self.last_checkpoint = self.checkpoint_path
+        if self.stopped:
+            self.print_resume_command()
+        self.signals.training_done = self.training_done_after_save
         return self.checkpoint_path
+
+    def checkpoint_due(self, global_step: int, steps: int, last: bool) -> bool:
+        """Call once at the end of every iteration, after its logging, with the `steps` it took; True when the script
+        must now `save` its checkpoint state: global_step crossed a multiple of --checkpoint-every, the last iteration
+        (if checkpointing), or a signal asked to stop. After a stop's checkpoint, `stopped` is True: leave the loop."""
+        every, stopping = self.args.checkpoint_every, self.signals.stop_requested  # read once: a later signal waits a step
+        self.global_step = global_step
+        crossed = every > 0 and global_step // every > (global_step - steps) // every
+        due = crossed or stopping or (every > 0 and last)
+        self.stopped = stopping
+        # From the end of training on (after the final checkpoint, if one is due) a signal exits at once.
+        self.training_done_after_save = last and not stopping
+        self.signals.training_done = self.training_done_after_save and not due
+        return due
+
+    def print_resume_command(self) -> None:
+        # Quoted: folders above the run may hold spaces or any character a shell reads, and a pasted line must run
+        # this command and only this one.
+        command = shlex.join(["python", self.script, "--resume", os.path.abspath(self.checkpoint_path)])
+        print(f"checkpoint written to {self.checkpoint_path}; continue the run with:\n  {command}")
+
+    @contextlib.contextmanager
+    def restoring(self):
+        """`with run.restoring() as saved:` the checkpoint's state, as the script's `checkpoint_state` gave it (plain
+        values), for the script to put into its own objects inside the block. A learning rate given on resume replaces
+        the one in the saved optimizer states. Leaving the block restores the random generators (last: building the
+        networks and envs drew from them); a state that does not fit this run stops it in one line."""
+        saved = checkpoint_files.resumed_state(self.checkpoint, self.args)
+        try:
+            yield saved
+        except (RuntimeError, ValueError, TypeError, KeyError, IndexError, AttributeError) as error:
+            first = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
+            flag_error("resume", self.args.resume, f"its state does not fit this run ({type(error).__name__}: {first})")
+        checkpoint_files.set_rng_states(self.checkpoint["rng"])
+        step, restored = self.checkpoint["global_step"], ", ".join(sorted(saved))
+        print(f"resume: continuing {self.name} from step {step}; restored {restored} and the random generators")
+
+    def check_finite(self, updates_finite: torch.Tensor, global_step: int) -> None:
+        """The NaN stop, read at logging intervals: `updates_finite` is a boolean tensor, on the training device, that the
+        script has kept as the AND of `torch.isfinite` of every update's gradient norm since the run (re)started. A NaN
+        or inf in a loss or in the Q-values reaches the gradient norm; the run then stops naming the last good
+        checkpoint (a checkpoint of non-finite weights is never written). Reading it is the only host-device
+        synchronisation the check costs."""
+        if not bool(updates_finite):
+            raise SystemExit(
+                f"error: non-finite loss or Q-values by step {global_step}; last good checkpoint: "
+                f"{self.last_checkpoint or 'none written'}"
+            )
 
     def note_writing(self, temporary_file) -> None:
         """The temporary file a checkpoint is being written to (False when none): a second Ctrl-C removes it."""
         self.signals.writing = temporary_file
-
-    def checkpoint_or_stop(self, global_step: int, steps: int, last: bool, state: Callable[[], dict]) -> bool:
-        """Call once at the end of every iteration, after its logging, with the `steps` it took. Writes a checkpoint
-        when global_step crossed a multiple of --checkpoint-every, at the last iteration (if checkpointing), or when
-        a signal asked to stop; returns True when the loop must stop."""
-        every, stopping = self.args.checkpoint_every, self.signals.stop_requested  # read once: a later signal waits a step
-        self.global_step = global_step
-        crossed = every > 0 and global_step // every > (global_step - steps) // every
-        saved = crossed or stopping or (every > 0 and last)
-        if saved:
-            self.save(global_step, state())
-        if last and self.signals.stop_requested and not stopping:  # asked to stop during the last step: stop, as promised
-            stopping = True
-            if not saved:
-                self.save(global_step, state())
-        self.signals.training_done = last and not stopping
-        if stopping:
-            self.stopped = True
-            # Quoted: folders above the run may hold spaces or any character a shell reads, and a pasted line must run
-            # this command and only this one.
-            command = shlex.join(["python", self.script, "--resume", os.path.abspath(self.checkpoint_path)])
-            print(f"checkpoint written to {self.checkpoint_path}; continue the run with:\n  {command}")
-        return stopping
-
-    def clip_grad_norm(self, parameters, max_norm: float, global_step: int, **kwargs) -> torch.Tensor:
-        """The gradient clip and the one NaN stop: a NaN or inf in the loss or the Q-values reaches the gradient norm,
-        so the run stops here, before the optimizer step spreads it into the weights, naming the last good checkpoint."""
-        try:
-            return torch.nn.utils.clip_grad_norm_(parameters, max_norm, error_if_nonfinite=True, **kwargs)
-        except RuntimeError:
-            raise SystemExit(
-                f"error: non-finite loss or Q-values at step {global_step}; last good checkpoint: "
-                f"{self.last_checkpoint or 'none written'}"
-            ) from None

@@ -39,3 +39,11 @@ def checkpoint_of(root: str | Path = ".") -> Path:
     path = run_dir_of(root) / "checkpoint.pt"
     assert path.is_file(), f"no checkpoint written: {path}"
     return path
+
+
+def end_iteration(run, global_step: int, steps: int, last: bool, state) -> bool:
+    """The end of a script's iteration, as the scripts write it: a checkpoint of `state()` (plain values, nothing
+    learned) when `run.checkpoint_due` says so, then True if a signal asked the run to stop."""
+    if run.checkpoint_due(global_step, steps, last):
+        run.save(global_step, state(), learned=())
+    return run.stopped

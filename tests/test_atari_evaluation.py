@@ -70,13 +70,12 @@ class CountingEnvs:
 )
 def test_noop_policy_finishes_whole_breakout_games(module, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    torch.save(noop_model(module).state_dict(), tmp_path / "model.pt")
     pools, make_env = [], module.make_env
     monkeypatch.setattr(
         module, "make_env", lambda *a, **k: pools.append(CountingEnvs(make_env(*a, **k), STEP_BUDGET)) or pools[-1]
     )
     args = eval_args(module)
-    scores = module.evaluate(str(tmp_path / "model.pt"), args, torch.device("cpu"))
+    scores = module.evaluate(noop_model(module).state_dict(), args, torch.device("cpu"), "videos/run")
     (pool,) = pools
     assert pool.actions == {0}  # only NOOP was chosen: FIRE came from the environment
     games_per_env = args.eval_episodes // pool.num_envs
@@ -96,7 +95,6 @@ def test_video_evaluation_plays_the_same_games(module, monkeypatch, tmp_path):
     for name in ("ale_py", "moviepy", "cv2"):
         pytest.importorskip(name, reason="the video extra (pip install -e '.[video]')")
     monkeypatch.chdir(tmp_path)
-    torch.save(noop_model(module).state_dict(), tmp_path / "model.pt")
     counters, make_video_env = [], module.environments.make_video_env
 
     def counting_video_env(*args, **kwargs):
@@ -105,7 +103,7 @@ def test_video_evaluation_plays_the_same_games(module, monkeypatch, tmp_path):
 
     monkeypatch.setattr(module.environments, "make_video_env", counting_video_env)
     args = eval_args(module, capture_video=True, eval_episodes=1)
-    scores = module.evaluate(str(tmp_path / "model.pt"), args, torch.device("cpu"), "videos/run")
+    scores = module.evaluate(noop_model(module).state_dict(), args, torch.device("cpu"), "videos/run")
     (env,) = counters
     assert len(scores) == 1 and scores[0] >= 0
     assert env.game_ends == 1 and 5 * 20 <= env.steps <= 300
@@ -116,7 +114,6 @@ def test_recurrent_state_is_zeroed_at_every_life_start(monkeypatch, tmp_path):
     """Training zeroes the LSTM state at each life start (after envpool's reset step); evaluation does the same."""
     monkeypatch.chdir(tmp_path)
     module = pqn_atari_envpool_lstm
-    torch.save(noop_model(module).state_dict(), tmp_path / "model.pt")
     firsts = []
 
     class RecordingQNetwork(module.QNetwork):
@@ -129,7 +126,7 @@ def test_recurrent_state_is_zeroed_at_every_life_start(monkeypatch, tmp_path):
     monkeypatch.setattr(
         module, "make_env", lambda *a, **k: pools.append(CountingEnvs(make_env(*a, **k), STEP_BUDGET)) or pools[-1]
     )
-    module.evaluate(str(tmp_path / "model.pt"), eval_args(module, eval_episodes=1), torch.device("cpu"))
+    module.evaluate(noop_model(module).state_dict(), eval_args(module, eval_episodes=1), torch.device("cpu"), "videos/run")
     firsts = np.array(firsts)[:, 0]
     # The game's first observation, then the observation after each of the 4 reset steps that follow a lost life.
     assert firsts[0] and firsts.sum() == 5
@@ -145,20 +142,19 @@ def test_recurrent_state_is_zeroed_at_every_life_start(monkeypatch, tmp_path):
 )
 def test_eval_epsilon_is_a_flag_that_evaluate_reads(module, default):
     assert module.Args().eval_epsilon == default
-    assert list(inspect.signature(module.evaluate).parameters)[:2] == ["model_path", "args"]
+    assert list(inspect.signature(module.evaluate).parameters)[:2] == ["weights", "args"]
     assert "epsilon" not in inspect.signature(module.evaluate).parameters  # no hidden second default
 
 
 def test_eval_epsilon_reaches_the_policy(monkeypatch, tmp_path):
     """dqn_dueling_per hard-coded 0.05; --eval-epsilon 1 now makes every evaluation action uniform."""
     monkeypatch.chdir(tmp_path)
-    torch.save(noop_model(dqn_dueling_per).state_dict(), tmp_path / "model.pt")
     pools, make_env = [], dqn_dueling_per.make_env
     monkeypatch.setattr(
         dqn_dueling_per, "make_env", lambda *a, **k: pools.append(CountingEnvs(make_env(*a, **k), STEP_BUDGET)) or pools[-1]
     )
     args = eval_args(dqn_dueling_per, eval_epsilon=1.0, eval_episodes=1)
-    assert len(dqn_dueling_per.evaluate(str(tmp_path / "model.pt"), args, torch.device("cpu"))) == 1
+    assert len(dqn_dueling_per.evaluate(noop_model(dqn_dueling_per).state_dict(), args, torch.device("cpu"), "run")) == 1
     assert pools[0].actions == {0, 1, 2, 3}
 
 

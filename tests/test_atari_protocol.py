@@ -134,7 +134,7 @@ def video_env_of(module, tmp_path):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(module.environments, "make_video_env", record)
-        patch.setattr(module.model_files, "load_weights", lambda *a, **k: {})
+        patch.setattr(module.model_files, "put_weights", lambda *a, **k: None)
         patch.setattr(torch.nn.Module, "load_state_dict", lambda self, state, *a, **k: None)
         if module is r2d2_atari:
             patch.setattr(module, "play", lambda *a, **k: [0.0])  # the envpool games before the video

@@ -115,8 +115,9 @@ def test_bad_checkpoint_flags_stop_with_a_clear_error(tmp_path):
         main(Args(resume=str(tmp_path / "missing.pt")))
 
 
-@pytest.mark.parametrize("checkpoint_every, last_good", [(0, "none written"), (100, "runs/.*/checkpoint.pt")])
-def test_nan_loss_stops_the_run_without_a_broken_checkpoint(tmp_path, monkeypatch, checkpoint_every, last_good):
+# Read at the next logging (every 100 updates: step 600) or checkpoint (step 300), whichever comes first.
+@pytest.mark.parametrize("checkpoint_every, last_good, stop", [(0, "none written", 600), (100, "runs/.*/checkpoint.pt", 300)])
+def test_nan_loss_stops_the_run_without_a_broken_checkpoint(tmp_path, monkeypatch, checkpoint_every, last_good, stop):
     monkeypatch.chdir(tmp_path)
     loss = script.weighted_huber_loss
     calls = []
@@ -127,7 +128,7 @@ def test_nan_loss_stops_the_run_without_a_broken_checkpoint(tmp_path, monkeypatc
 
     monkeypatch.setattr(script, "weighted_huber_loss", nan_on_third_call)
     # One update per iteration of 4 steps after step 200: the third one is at step 212.
-    with pytest.raises(SystemExit, match=f"non-finite loss or Q-values at step 212; last good checkpoint: {last_good}"):
+    with pytest.raises(SystemExit, match=f"non-finite loss or Q-values by step {stop}; last good checkpoint: {last_good}"):
         main(Args(**tiny("dqn_dueling_per"), checkpoint_every=checkpoint_every))
     written = glob.glob("runs/*/checkpoint.pt")
     if checkpoint_every:

@@ -125,7 +125,7 @@ def test_non_finite_loss_stops_the_run(tmp_path, monkeypatch):
     monkeypatch.setattr(recurrent_iqn, "quantile_huber_loss", nan_on_third_call)
     handler = signal.getsignal(signal.SIGINT)
     # updates every 40 steps from step 160 on (32 slots x 6 / replay ratio 16 / 4 envs = 3 iterations; first at 168)
-    with pytest.raises(SystemExit, match=r"non-finite loss or Q-values at step \d+; last good checkpoint: none"):
+    with pytest.raises(SystemExit, match=r"non-finite loss or Q-values by step \d+; last good checkpoint: none"):
         recurrent_iqn.main(vector_args(total_timesteps=400))
     assert not glob.glob("runs/*/checkpoint.pt") and signal.getsignal(signal.SIGINT) == handler
 

@@ -287,13 +287,12 @@ def test_smoke_run(tmp_path, monkeypatch):
 def test_video_evaluation_plays_full_games_through_the_rendering_env(tmp_path, monkeypatch):
     import gymnasium as gym
 
-    path = tmp_path / "model.cleanrl_model"
-    torch.save(DuelingQNetwork((4,), 2, hidden_size=16).state_dict(), path)
+    weights = DuelingQNetwork((4,), 2, hidden_size=16).state_dict()
     made = []  # the recording env needs the video extra; a plain gymnasium env stands in for it
     monkeypatch.setattr(
         script.environments, "make_video_env", lambda env_id, run_name, **kwargs: made.append(run_name) or gym.make(env_id)
     )
-    scores = evaluate(str(path), Args(hidden_size=16, eval_episodes=3, capture_video=True), torch.device("cpu"), "run")
+    scores = evaluate(weights, Args(hidden_size=16, eval_episodes=3, capture_video=True), torch.device("cpu"), "run")
     assert made == ["run"] and len(scores) == 3 and all(8 <= s <= 500 for s in scores)
 
 

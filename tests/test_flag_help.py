@@ -210,13 +210,12 @@ MINATAR_SCRIPTS = [script for script in SCRIPTS if hasattr(import_script(script)
 
 @pytest.mark.parametrize("script", MINATAR_SCRIPTS)
 def test_help_shows_the_values_a_minatar_id_brings(script, tmp_path, monkeypatch):
-    """What the help says a MinAtar id brings is what a run with that id gets (minatar.with_defaults, no flag given)."""
-    from cleanrl_q_utils import minatar
-
+    """What the help says a MinAtar id brings is what a run with that id gets (command_line.with_minatar_defaults, no flag
+    given)."""
     module = import_script(script)
     monkeypatch.setattr(sys, "argv", [f"{script}.py"])
     default = module.Args(env_id="MinAtar/Breakout-v0")
-    brought = changed_flags(default, minatar.with_defaults(default, module.MINATAR_DEFAULTS))
+    brought = changed_flags(default, command_line.with_minatar_defaults(default, module.MINATAR_DEFAULTS))
     text = help_of(script, tmp_path)
     assert brought and values_in_help(text, "MinAtar ids") == brought
     assert f"the {len(brought)} flags marked 'MinAtar ids: VALUE'" in " ".join(text.split())

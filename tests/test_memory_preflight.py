@@ -225,7 +225,7 @@ def test_eval_only_of_a_model_file_that_declares_a_huge_network_is_refused_befor
     flag, value = HUGE_NETWORK[module]
     path = str(tmp_path / "huge.cleanrl_model")
     # The weights are a stand-in: the evaluation must stop on the saved flags before it reads them into a network.
-    model_files.save_model(path, module.__file__, module.Args(**{flag: value}), nn.Linear(1, 1))
+    model_files.save_weights(path, module.__file__, module.Args(**{flag: value}), nn.Linear(1, 1).state_dict())
     monkeypatch.setattr(module, "evaluate", lambda *a, **k: pytest.fail("the evaluation started"))
     monkeypatch.setattr(module, "make_env", lambda *a, **k: pytest.fail("an environment was built"))
     with pytest.raises(SystemExit) as refusal:

@@ -10,7 +10,7 @@ import torch
 from benchmark_runs import load_benchmark_module
 
 from cleanrl import dqn_dueling_per, iqn, iqn_atari, pqn, r2d2, recurrent_iqn
-from cleanrl_q_utils import checkpoint_files, flag_checks, minatar
+from cleanrl_q_utils import checkpoint_files, command_line, flag_checks, minatar
 
 from helpers import run_dir_of
 from interrupts import interrupt_at_step, run_until_stopped
@@ -46,7 +46,7 @@ def test_every_vector_script_trains_on_a_minatar_game(module, monkeypatch, tmp_p
 def test_a_minatar_id_brings_its_configuration_and_given_flags_win(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["pqn.py", "--env-id", "MinAtar/Asterix-v0", "--update-epochs", "3"])
     given = pqn.Args(env_id="MinAtar/Asterix-v0", update_epochs=3)
-    args = minatar.with_defaults(given, pqn.MINATAR_DEFAULTS)
+    args = command_line.with_minatar_defaults(given, pqn.MINATAR_DEFAULTS)
     assert args.update_epochs == 3  # given: wins
     assert (
         args.num_steps == pqn.MINATAR_DEFAULTS["num_steps"] and args.total_timesteps == pqn.MINATAR_DEFAULTS["total_timesteps"]
@@ -54,7 +54,7 @@ def test_a_minatar_id_brings_its_configuration_and_given_flags_win(monkeypatch, 
     assert "MinAtar configuration: " in capsys.readouterr().out
     # Given with the value that is also the script's default: still given, still wins.
     monkeypatch.setattr(sys, "argv", ["pqn.py", "--env-id", "MinAtar/Asterix-v0", "--num-envs", "128"])
-    assert minatar.with_defaults(pqn.Args(env_id="MinAtar/Asterix-v0"), {"num_envs": 64}).num_envs == 128
+    assert command_line.with_minatar_defaults(pqn.Args(env_id="MinAtar/Asterix-v0"), {"num_envs": 64}).num_envs == 128
     # Other ids, resumed runs and evaluations keep their flags.
     monkeypatch.setattr(sys, "argv", ["pqn.py"])
     for args in (
@@ -62,7 +62,7 @@ def test_a_minatar_id_brings_its_configuration_and_given_flags_win(monkeypatch, 
         pqn.Args(env_id="MinAtar/Asterix-v0", resume="x.pt"),
         pqn.Args(env_id="MinAtar/Asterix-v0", eval_only=True),
     ):
-        assert minatar.with_defaults(args, pqn.MINATAR_DEFAULTS) == args
+        assert command_line.with_minatar_defaults(args, pqn.MINATAR_DEFAULTS) == args
 
 
 def test_recurrent_iqns_minatar_configuration_copies_its_target_every_20k_agent_steps(monkeypatch, tmp_path, capsys):
@@ -140,9 +140,8 @@ def test_minatar_videos_record_the_game_as_played(monkeypatch, tmp_path):
     pytest.importorskip("moviepy")
     monkeypatch.chdir(tmp_path)
     model = pqn.QNetwork((10, 10, 4), 6)
-    torch.save(model.state_dict(), tmp_path / "model.pt")
     args = pqn.Args(env_id="MinAtar/Breakout-v0", capture_video=True, eval_episodes=1)
-    scores = pqn.evaluate(str(tmp_path / "model.pt"), args, torch.device("cpu"), str(tmp_path / "videos"))
+    scores = pqn.evaluate(model.state_dict(), args, torch.device("cpu"), str(tmp_path / "videos"))
     assert len(scores) == 1 and list((tmp_path / "videos").glob("*.mp4"))
 
 

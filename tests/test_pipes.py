@@ -23,7 +23,7 @@ from cleanrl_q_utils import command_line, stop_signals, training_run
 from cleanrl_q_utils.checkpoint_files import read_checkpoint
 from cleanrl_q_utils.flag_checks import check_common_flags
 
-from helpers import REPO, run_dir_of
+from helpers import REPO, end_iteration, run_dir_of
 from tiny import tiny
 
 SCRIPTS = sorted(path.stem for path in (REPO / "cleanrl").glob("*.py") if path.stem != "__init__")
@@ -211,7 +211,7 @@ def test_a_run_called_from_python_is_not_lost_to_a_closed_console(tmp_path, monk
     monkeypatch.setattr(sys, "stdout", Gone())
     with pytest.raises(SystemExit) as stop, training_run.Run(Args(), None, "/somewhere/cleanrl/toy.py", 7) as run:
         signal.raise_signal(signal.SIGINT)  # its message goes to the closed console
-        assert run.checkpoint_or_stop(1, 1, False, lambda: {"x": 1})
+        assert end_iteration(run, 1, 1, False, lambda: {"x": 1})
     assert stop.value.code == 128 + signal.SIGINT
     assert read_checkpoint(run_dir_of(tmp_path) / "checkpoint.pt")["global_step"] == 1
     assert isinstance(sys.stdout, Gone)  # the run gave the stream back
@@ -225,7 +225,7 @@ def test_the_printed_resume_line_pasted_into_a_shell_runs_exactly_the_resume(tmp
     script = str(where / "cleanrl" / "toy.py")
     with pytest.raises(SystemExit), training_run.Run(Args(exp_name="a=b,c@d+e.f-g_h"), None, script, 7) as run:
         signal.raise_signal(signal.SIGINT)
-        assert run.checkpoint_or_stop(1, 1, False, lambda: {"x": 1})
+        assert end_iteration(run, 1, 1, False, lambda: {"x": 1})
     line = capsys.readouterr().out.splitlines()[-1].strip()
     checkpoint = str(where / run_dir_of() / "checkpoint.pt")
     expected = ["python", script, "--resume", checkpoint]
@@ -248,7 +248,7 @@ def test_a_checkpoint_whose_run_name_a_shell_would_read_is_not_resumed(tmp_path,
     monkeypatch.chdir(tmp_path)
     with training_run.Run(Args(), None, "/somewhere/cleanrl/toy.py", 7) as run:
         run.name = "CartPole-v1__x;touch PWNED__1__1"
-        path = run.save(1, {"x": 1})
+        path = run.save(1, {"x": 1}, learned=())
     with pytest.raises(SystemExit, match="its run name .* is not a folder name"):
         command_line.resume(Args(resume=path), "/somewhere/cleanrl/toy.py", 7)
 
@@ -258,7 +258,8 @@ def test_sb3_baselines_interrupted_while_it_loads_exits_130_quietly(tmp_path):
     from test_signals import catches
 
     process = subprocess.Popen(
-        [sys.executable, str(REPO / "benchmark" / "sb3_baselines.py"), "--algo", "dqn", "--runs-dir", str(tmp_path)],
+        [sys.executable, str(REPO / "benchmark" / "sb3_baselines.py"), "--algo", "dqn"],
+        cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -20,10 +20,10 @@ import torch.nn as nn
 from cleanrl_q_utils.checkpoint_files import read_checkpoint
 from cleanrl_q_utils.command_line import resume
 from cleanrl_q_utils.episode_scores import EpisodeStats
-from cleanrl_q_utils.flag_checks import check_flags
+from cleanrl_q_utils.flag_errors import check_flags
 from cleanrl_q_utils.training_run import Run
 
-from helpers import run_dir_of
+from helpers import end_iteration, run_dir_of
 
 FORMAT = 7
 
@@ -61,10 +61,10 @@ def test_first_signal_asks_for_a_checkpointed_stop_and_handlers_are_restored_on_
     with pytest.raises(SystemExit) as stop:  # the stopped run leaves its block with 128 + the signal's number
         with start() as run:
             assert signal.getsignal(signal.SIGINT) != before[0]
-            assert not run.checkpoint_or_stop(10, 10, False, lambda: {"x": 1})
+            assert not end_iteration(run, 10, 10, False, lambda: {"x": 1})
             assert not os.path.exists(run.checkpoint_path)  # --checkpoint-every 0: none without a signal
             signal.raise_signal(signal.SIGTERM)
-            assert run.checkpoint_or_stop(20, 10, False, lambda: {"x": 2}) and run.stopped
+            assert end_iteration(run, 20, 10, False, lambda: {"x": 2}) and run.stopped
             assert read_checkpoint(run.checkpoint_path)["global_step"] == 20
     assert stop.value.code == 128 + signal.SIGTERM
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
@@ -86,7 +86,7 @@ def test_first_signal_asks_for_a_checkpointed_stop_and_handlers_are_restored_on_
         with start() as run:
             for signum in (signal.SIGTERM, signal.SIGTERM, signal.SIGHUP):
                 signal.raise_signal(signum)
-            assert run.checkpoint_or_stop(30, 10, False, lambda: {"x": 3}) and run.stopped
+            assert end_iteration(run, 30, 10, False, lambda: {"x": 3}) and run.stopped
     assert read_checkpoint(run.checkpoint_path)["global_step"] == 30
 
     with pytest.raises(SystemExit):  # an error leaving the block restores them too
@@ -104,8 +104,8 @@ def test_a_signal_arriving_while_a_checkpoint_is_written_is_answered_by_the_next
         return {"x": 1}
 
     with pytest.raises(SystemExit), start(Args(checkpoint_every=10)) as run:
-        assert not run.checkpoint_or_stop(10, 10, False, state_with_signal)  # due, and the signal comes meanwhile
-        assert run.checkpoint_or_stop(15, 5, False, lambda: {"x": 2})
+        assert not end_iteration(run, 10, 10, False, state_with_signal)  # due, and the signal comes meanwhile
+        assert end_iteration(run, 15, 5, False, lambda: {"x": 2})
     assert read_checkpoint(run.checkpoint_path)["global_step"] == 15
 
 
@@ -116,9 +116,9 @@ def test_a_signal_arriving_while_a_checkpoint_is_written_is_answered_by_the_next
 def test_checkpoints_fall_where_global_step_crosses_a_multiple_of_checkpoint_every_and_at_the_end(every, steps, expected):
     written = []
     with start(Args(checkpoint_every=every)) as run:
-        run.save = lambda global_step, state: written.append(global_step)
+        run.save = lambda global_step, state, learned: written.append(global_step)
         for previous, step in zip([0] + steps, steps):
-            run.checkpoint_or_stop(step, step - previous, step == steps[-1], dict)
+            end_iteration(run, step, step - previous, step == steps[-1], dict)
     assert written == expected
 
 
@@ -130,6 +130,7 @@ def run_child(code, tmp_path):
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from cleanrl_q_utils import command_line, episode_scores, training_run
         from test_plumbing import Args, SCRIPT
+        from helpers import end_iteration
         """
     )
     return subprocess.Popen(
@@ -147,9 +148,9 @@ def test_a_run_stopped_by_a_signal_exits_with_128_plus_its_number(tmp_path):
         def main(args):
             with training_run.Run(args, None, SCRIPT, 7) as run:
                 signal.raise_signal(signal.SIGTERM)
-                assert run.checkpoint_or_stop(1, 1, False, lambda: {"x": 1})
+                assert end_iteration(run, 1, 1, False, lambda: {"x": 1})
         sys.argv = ["toy"]
-        command_line.cli(main, Args)
+        main(command_line.parse(Args))
         """,
         tmp_path,
     )
@@ -161,10 +162,10 @@ def test_a_second_ctrl_c_during_a_large_write_exits_cleanly_and_leaves_the_last_
     process = run_child(
         """
         with training_run.Run(Args(), None, SCRIPT, 7) as run:
-            run.save(1, {"big": torch.ones(10)})
+            run.save(1, {"big": torch.ones(10)}, learned=())
             big = torch.ones(300_000_000)  # 1.2 GB: seconds to check and write
             print("saving", flush=True)
-            run.save(2, {"big": big})
+            run.save(2, {"big": big}, learned=())
         """,
         tmp_path,
     )
@@ -194,7 +195,7 @@ def test_a_killed_save_leaves_the_previous_checkpoint_whole(tmp_path):
         big = torch.zeros(20_000_000)
         for i in range(1000):
             big.fill_(i)
-            run.save(i, {{"big": big}})
+            run.save(i, {{"big": big}}, learned=())
             print(i, flush=True)
         """
     )
@@ -212,7 +213,7 @@ def test_a_killed_save_leaves_the_previous_checkpoint_whole(tmp_path):
 
 def test_resume_keeps_the_checkpoints_flags_unless_given_and_a_given_flag_wins_whatever_its_value(capsys, monkeypatch):
     with start(Args(seed=3, learning_rate=0.5, checkpoint_every=1000, cuda=True)) as run:
-        path = run.save(40, {"x": 1})
+        path = run.save(40, {"x": 1}, learned=())
     args, checkpoint = resume(Args(resume=path), SCRIPT, FORMAT)  # as the printed hint runs it
     assert (args.seed, args.learning_rate, args.checkpoint_every, args.resume) == (3, 0.5, 1000, path)
     assert checkpoint["global_step"] == 40 and checkpoint["changed"] == []
@@ -238,7 +239,7 @@ def test_resume_keeps_the_checkpoints_flags_unless_given_and_a_given_flag_wins_w
 def test_the_resume_hint_works_from_any_directory(capsys, tmp_path, monkeypatch):
     with pytest.raises(SystemExit), start() as run:
         signal.raise_signal(signal.SIGINT)
-        run.checkpoint_or_stop(10, 10, False, lambda: {"x": 1})
+        end_iteration(run, 10, 10, False, lambda: {"x": 1})
     hint = capsys.readouterr().out.splitlines()[-1].split()
     assert hint[:2] == ["python", SCRIPT] and os.path.isabs(hint[3]) and os.path.isfile(hint[3])
     elsewhere = tmp_path / "elsewhere"
@@ -246,7 +247,7 @@ def test_the_resume_hint_works_from_any_directory(capsys, tmp_path, monkeypatch)
     monkeypatch.chdir(elsewhere)
     args, checkpoint = resume(Args(resume=hint[3]), SCRIPT, FORMAT)
     with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:  # goes on in the checkpoint's directory, the run's own
-        assert resumed.checkpoint_or_stop(20, 10, True, lambda: {"x": 2}) is False
+        assert end_iteration(resumed, 20, 10, True, lambda: {"x": 2}) is False
     assert os.path.samefile(resumed.checkpoint_path, hint[3]) and not (elsewhere / "runs").exists()
 
 
@@ -254,8 +255,8 @@ def test_a_checkpoint_outside_its_run_folder_resumes_into_the_run_folder_and_nev
     with start(Args(checkpoint_every=1)) as run:
         backup = str(tmp_path / "somewhere" / "backup_step10.pt")
         os.makedirs(os.path.dirname(backup))
-        os.link(run.save(10, {"x": 1}), backup)
-        run.save(20, {"x": 2})
+        os.link(run.save(10, {"x": 1}, learned=()), backup)
+        run.save(20, {"x": 2}, learned=())
     other = tmp_path / "somewhere" / "checkpoint.pt"
     other.write_bytes(b"another run's file")
     args, checkpoint = resume(Args(resume=backup), SCRIPT, FORMAT)
@@ -269,7 +270,7 @@ def test_a_checkpoint_outside_its_run_folder_resumes_into_the_run_folder_and_nev
         Run(args, checkpoint, SCRIPT, FORMAT)
     os.remove(run.checkpoint_path)  # moved away: the backup resumes into the run's folder, not beside the backup
     with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
-        resumed.save(11, {"x": 3})
+        resumed.save(11, {"x": 3}, learned=())
     assert resumed.dir == run.dir and read_checkpoint(run.checkpoint_path)["global_step"] == 11
     assert other.read_bytes() == b"another run's file"
     assert sorted(os.listdir(other.parent)) == ["backup_step10.pt", "checkpoint.pt", "newer.pt"]
@@ -277,7 +278,7 @@ def test_a_checkpoint_outside_its_run_folder_resumes_into_the_run_folder_and_nev
 
 def test_a_second_process_cannot_run_a_run_that_is_running():
     with start(Args(checkpoint_every=1)) as run:
-        path = run.save(10, {"x": 1})
+        path = run.save(10, {"x": 1}, learned=())
         args, checkpoint = resume(Args(resume=path), SCRIPT, FORMAT)
         with pytest.raises(SystemExit, match=r"is running in another process"):
             Run(args, checkpoint, SCRIPT, FORMAT)
@@ -314,7 +315,7 @@ def test_a_file_whose_unpickling_would_run_code_is_refused_without_running_it(tm
 
     marker, path = tmp_path / "ran", str(tmp_path / "evil.pt")
     with start(Args(checkpoint_every=1)) as run:
-        good = read_checkpoint(run.save(1, {"x": 1}))
+        good = read_checkpoint(run.save(1, {"x": 1}, learned=()))
     content = {"top": RunsCode(str(marker)), "state": dict(good, state={"x": RunsCode(str(marker))})}.get(where)
     if where == "bare pickle":  # not torch's zip format, and a pickle protocol torch warns about
         with open(path, "wb") as file:
@@ -342,18 +343,18 @@ def test_a_file_whose_unpickling_would_run_code_is_refused_without_running_it(tm
 
 
 def test_weights_of_another_network_are_refused_in_one_line(tmp_path):
-    from cleanrl_q_utils.model_files import load_weights
+    from cleanrl_q_utils.model_files import put_weights, read_model_file
 
     path = str(tmp_path / "other.cleanrl_model")
     torch.save(nn.Linear(3, 2).state_dict(), path)  # bare weights, as an older or another script wrote them
     with pytest.raises(SystemExit, match=r"^error: --model-path=.*other.cleanrl_model: its weights do not fit this script"):
-        load_weights(nn.Sequential(nn.Linear(4, 2)), path, "cpu")
+        put_weights(nn.Sequential(nn.Linear(4, 2)), read_model_file(path)["model"], path)
 
 
 def test_fresh_environments_far_into_a_run_get_a_seed_envpool_takes(tmp_path):
     seed = 2**31 - 2**16 - 1  # the largest seed the flags allow
     with start(Args(seed=seed, checkpoint_every=1)) as run:
-        path = run.save(10**10, {"x": 1})
+        path = run.save(10**10, {"x": 1}, learned=())
     args, checkpoint = resume(Args(resume=path, resume_fresh_envs=True), SCRIPT, FORMAT)
     with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
         assert resumed.env_seed == (seed + 10**10) % 2**31 and 0 <= resumed.env_seed < 2**31
@@ -367,11 +368,13 @@ def test_runs_started_in_the_same_second_get_directories_of_their_own():
 def test_a_state_with_nan_is_not_written_and_the_previous_checkpoint_stays():
     with start() as run:
         layer = nn.Linear(2, 2)
-        path = run.save(5, {"layer": layer, "tree": np.full(4, np.inf)})  # inf outside the weights is fine
+        path = run.save(
+            5, {"layer": layer.state_dict(), "tree": np.full(4, np.inf)}, learned=("layer",)
+        )  # inf outside the weights is fine
         with torch.no_grad():
             layer.weight[0, 1] = float("nan")
         with pytest.raises(SystemExit, match=f"non-finite values in the state at step 9.*last good checkpoint: {path}"):
-            run.save(9, {"layer": layer, "tree": np.full(4, np.inf)})
+            run.save(9, {"layer": layer.state_dict(), "tree": np.full(4, np.inf)}, learned=("layer",))
     assert read_checkpoint(path)["global_step"] == 5
 
 
@@ -381,11 +384,11 @@ def test_a_full_disk_says_so_names_the_last_good_checkpoint_and_leaves_no_partia
         raise RuntimeError("[enforce fail at inline_container.cc] basic_ios::clear: iostream error")
 
     with start() as run:
-        path = run.save(5, {"w": torch.ones(3)})
+        path = run.save(5, {"w": torch.ones(3)}, learned=())
         with monkeypatch.context() as patch:
             patch.setattr(torch, "save", full_disk)
             with pytest.raises(SystemExit) as stop:
-                run.save(9, {"w": torch.ones(3)})
+                run.save(9, {"w": torch.ones(3)}, learned=())
     assert stop.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("error: writing the checkpoint failed at step 9") and f"last good checkpoint: {path}" in line
@@ -395,7 +398,7 @@ def test_a_full_disk_says_so_names_the_last_good_checkpoint_and_leaves_no_partia
 
 def test_a_checkpoint_with_bytes_flipped_inside_a_tensor_is_refused():
     with start() as run:
-        path = run.save(5, {"w": torch.full((64,), 1234.5)})
+        path = run.save(5, {"w": torch.full((64,), 1234.5)}, learned=())
     data = bytearray(open(path, "rb").read())
     at = data.index(np.float32(1234.5).tobytes() * 4)  # inside the tensor's stored values
     data[at + 1] ^= 0xFF
@@ -415,7 +418,7 @@ def test_a_checkpoint_with_bytes_flipped_inside_a_tensor_is_refused():
 )
 def test_resume_stops_with_one_clear_line_on_a_foreign_or_broken_checkpoint(script, fmt, content, message):
     with start() as run:
-        path = run.save(40, {"x": 1})
+        path = run.save(40, {"x": 1}, learned=())
     if content is not None:
         with open(path, "wb") as file:
             file.write(content)
@@ -433,17 +436,20 @@ def test_check_flags_names_the_first_bad_flag():
         check_flags([("seed", 1, True, "any"), ("num_envs", 0, False, "at least 1"), ("gamma", 2, False, "in [0, 1]")])
 
 
-def test_nan_stop_names_the_last_good_checkpoint_and_leaves_the_weights_untouched():
+def test_nan_stop_reads_the_device_flag_and_names_the_last_good_checkpoint():
+    """The scripts keep `updates_finite`, the AND of every update's finite gradient norm, on the device: the check reads
+    it (one synchronisation) and stops in one line naming the last checkpoint written, which never holds NaN."""
     layer = nn.Linear(3, 2)
     with start() as run:
         (layer(torch.ones(1, 3)).sum() * 2).backward()
-        norm = run.clip_grad_norm(layer.parameters(), 1.0, global_step=5)
-        assert norm > 1.0 and abs(float(torch.cat([p.grad.flatten() for p in layer.parameters()]).norm()) - 1.0) < 1e-5
-        path = run.save(5, {"layer": layer})
+        updates_finite = torch.isfinite(torch.nn.utils.clip_grad_norm_(layer.parameters(), 1.0))
+        run.check_finite(updates_finite, 5)  # finite: nothing happens
+        path = run.save(5, {"layer": layer.state_dict()}, learned=("layer",))
         layer.zero_grad()
         (layer(torch.full((1, 3), float("nan"))).sum()).backward()
-        with pytest.raises(SystemExit, match=f"non-finite loss or Q-values at step 9; last good checkpoint: {path}"):
-            run.clip_grad_norm(layer.parameters(), float("inf"), global_step=9)
+        updates_finite &= torch.isfinite(torch.nn.utils.clip_grad_norm_(layer.parameters(), float("inf")))
+        with pytest.raises(SystemExit, match=f"non-finite loss or Q-values by step 9; last good checkpoint: {path}"):
+            run.check_finite(updates_finite, 9)
 
 
 def scalars(run_dir):
@@ -459,7 +465,7 @@ def test_a_resumed_run_keeps_the_checkpoints_step_and_drops_what_the_killed_run_
         for step in range(1, 11):
             run.writer.add_scalar("x", step, step)
             if step == 5:
-                path = run.save(step, {})
+                path = run.save(step, {}, learned=())
     # A resumed run is a later process: its event file sorts after the first one's (names hold the second and a
     # per-process counter, which in this long-lived test process could sort the other way within one second).
     time.sleep(1.1)
@@ -470,58 +476,50 @@ def test_a_resumed_run_keeps_the_checkpoints_step_and_drops_what_the_killed_run_
     assert scalars(run.dir) == [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 106), (7, 107), (8, 108)]
 
 
-def test_restore_loads_every_kind_of_state_in_place_and_the_random_generators_last():
-    def make():
-        torch.manual_seed(0)
-        network = nn.Linear(4, 2)
-        stats = EpisodeStats(2)
-        state = {
-            "network": network,
-            "optimizer": torch.optim.Adam(network.parameters()),
-            "rng": np.random.default_rng(0),
-            "action_log": np.zeros((10, 2), dtype=np.uint8),
-            "hidden": torch.zeros(3),
-            "losses": [],
-            "stats": stats,
-            "updates": 0,
-        }
-        return state
-
-    state = make()
-    state["network"](torch.ones(1, 4)).sum().backward()
-    state["optimizer"].step()
-    state["rng"].random(5)
-    state["action_log"][:4] = 3
-    state["hidden"] += 2
-    state["losses"].append(0.5)
-    state["stats"].update(np.array([1.0, 2.0]), np.array([False, False]), np.array([True, False]))
+def test_restoring_hands_back_the_saved_plain_values_and_restores_the_random_generators_on_leaving():
+    torch.manual_seed(0)
+    network = nn.Linear(4, 2)
+    optimizer = torch.optim.Adam(network.parameters())
+    network(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    rng = np.random.default_rng(0)
+    rng.random(5)
+    state = dict(
+        network=network.state_dict(),
+        optimizer=optimizer.state_dict(),
+        rng=rng.bit_generator.state,
+        action_log=np.full((4, 2), 3, dtype=np.uint8),
+        hidden=torch.full((3,), 2.0),
+        losses=[0.5],
+        updates=17,
+    )
     with start() as run:
-        saved_state = dict(state, action_log=state["action_log"][:4], updates=17)
-        run.save(4, saved_state)
+        run.save(4, state, learned=("network", "optimizer"))
         expected_random = torch.rand(3)
     args, checkpoint = resume(Args(resume=run.checkpoint_path), SCRIPT, FORMAT)
-    fresh = make()
     torch.rand(10)  # the generators move on before the restore
+    fresh = nn.Linear(4, 2)
     with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
-        saved = resumed.restore(fresh)
-    assert saved["updates"] == 17
-    for key in ("network",):
-        for a, b in zip(fresh[key].parameters(), state[key].parameters()):
-            assert torch.equal(a, b)
-    assert fresh["optimizer"].state_dict()["state"][0]["step"] == 1
-    assert fresh["rng"].random() == state["rng"].random()
-    assert (fresh["action_log"][:4] == 3).all() and (fresh["action_log"][4:] == 0).all()
-    assert torch.equal(fresh["hidden"], torch.full((3,), 2.0)) and fresh["losses"] == [0.5]
-    assert fresh["stats"].scores == [1.0] and list(fresh["stats"].returns) == [0.0, 2.0]
+        with resumed.restoring() as saved:
+            fresh.load_state_dict(saved["network"])
+            torch.rand(5)  # building and filling draws: the generators are restored on leaving, last
+    assert saved["updates"] == 17 and saved["losses"] == [0.5] and torch.equal(saved["hidden"], torch.full((3,), 2.0))
+    assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), network.parameters()))
+    assert saved["optimizer"]["state"][0]["step"] == 1
+    assert np.array_equal(saved["action_log"], np.full((4, 2), 3)) and saved["action_log"].dtype == np.uint8
+    restored = np.random.default_rng()
+    restored.bit_generator.state = saved["rng"]
+    assert restored.random() == rng.random()
     assert torch.equal(torch.rand(3), expected_random)  # the global generators continue where the checkpoint was
 
 
-def test_restore_stops_when_the_checkpoint_holds_other_entries():
+def test_a_state_that_does_not_fit_the_run_stops_in_one_line():
     with start() as run:
-        path = run.save(4, {"a": 1})
+        path = run.save(4, {"a": 1}, learned=())
     args, checkpoint = resume(Args(resume=path), SCRIPT, FORMAT)
-    with Run(args, checkpoint, SCRIPT, FORMAT) as resumed, pytest.raises(SystemExit, match="holds"):
-        resumed.restore({"b": 1})
+    with Run(args, checkpoint, SCRIPT, FORMAT) as resumed, pytest.raises(SystemExit, match="does not fit this run"):
+        with resumed.restoring() as saved:
+            nn.Linear(2, 2).load_state_dict(saved["b"])
 
 
 class CountingEnvs:
@@ -555,7 +553,7 @@ def test_fast_forward_steps_through_the_logged_actions_and_detects_divergence():
 
 def test_a_fresh_resume_steps_nothing_counts_the_dropped_games_and_leaves_the_scripts_state_to_the_script(capsys):
     with start(Args(checkpoint_every=1)) as run:
-        path = run.save(40, {"x": 1})
+        path = run.save(40, {"x": 1}, learned=())
     args, checkpoint = resume(Args(resume=path, resume_fresh_envs=True), SCRIPT, FORMAT)
     assert args.resume_fresh_envs
     with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
@@ -575,7 +573,7 @@ def test_a_fresh_resume_steps_nothing_counts_the_dropped_games_and_leaves_the_sc
         first = envs.step(np.array([3, 3]))  # envpool's reset step: actions ignored, a new game's first observation
         assert list(first[0]) == [100, 100] and not first[1].any() and not (first[2] | first[3]).any() and "lives" in first[4]
         assert list(envs.step(np.array([3, 3]))[0]) == [103, 103] and inner.steps == 1  # then the real envs
-        resumed.save(60, {"x": 2})
+        resumed.save(60, {"x": 2}, learned=())
     # An exact resume later replays only the actions since the fresh start, from its reset step on.
     args, checkpoint = resume(Args(resume=path), SCRIPT, FORMAT)
     assert not args.resume_fresh_envs and checkpoint["envs_start"] == 40
@@ -614,14 +612,14 @@ def test_episode_stats_counts_whole_episodes_without_the_reset_step():
 
 def test_a_model_file_and_a_checkpoint_are_not_taken_for_each_other(tmp_path):
     from cleanrl_q_utils.checkpoint_files import content_digest, to_safe
-    from cleanrl_q_utils.model_files import read_model_file, save_model
+    from cleanrl_q_utils.model_files import read_model_file, save_weights
 
     model = str(tmp_path / "toy.cleanrl_model")
-    save_model(model, SCRIPT, Args(), nn.Linear(2, 2))
+    save_weights(model, SCRIPT, Args(), nn.Linear(2, 2).state_dict())
     with pytest.raises(SystemExit, match=r"^error: --resume=.*toy.cleanrl_model: a model file \(--save-model\), not a"):
         resume(Args(resume=model), SCRIPT, FORMAT)
     with start(Args(checkpoint_every=1)) as run:
-        path = run.save(3, {"x": 1})
+        path = run.save(3, {"x": 1}, learned=())
     with pytest.raises(SystemExit, match=r"^error: --model-path=.*checkpoint.pt: a checkpoint, not a model file"):
         read_model_file(path)
     # A file crafted with a valid checksum but a flag of the wrong type is refused before anything uses the flag.
@@ -663,23 +661,19 @@ def test_a_learning_rate_given_on_resume_is_the_one_the_restored_optimizer_steps
 
     def make():
         network = nn.Linear(4, 2)
-        return {"optimizer": torch.optim.Adam(network.parameters(), lr=0.5), "flat": RAdam(torch.zeros(3), lr=0.5)}
+        return torch.optim.Adam(network.parameters(), lr=0.5), RAdam(torch.zeros(3), lr=0.5)
 
+    optimizer, flat = make()
     with start(Args(learning_rate=0.5)) as run:
-        path = run.save(4, make())
-    monkeypatch.setattr(sys, "argv", ["toy.py", "--resume", path, "--learning-rate", "0.01"])
-    args, checkpoint = resume(Args(resume=path, learning_rate=0.01), SCRIPT, FORMAT)
-    state = make()  # built with args.learning_rate, as a script does, then restored
-    state["optimizer"].param_groups[0]["lr"] = state["flat"].lr = 0.01
-    with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
-        resumed.restore(state)
-    assert state["optimizer"].param_groups[0]["lr"] == 0.01 and state["flat"].lr == 0.01
-    monkeypatch.setattr(sys, "argv", ["toy.py", "--resume", path])  # not given: the checkpoint's step size
-    args, checkpoint = resume(Args(resume=path), SCRIPT, FORMAT)
-    state = make()
-    with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
-        resumed.restore(state)
-    assert state["optimizer"].param_groups[0]["lr"] == 0.5 and state["flat"].lr == 0.5
+        path = run.save(4, {"optimizer": optimizer.state_dict(), "flat": flat.state_dict()}, learned=("optimizer", "flat"))
+    for given, expected in ((["--learning-rate", "0.01"], 0.01), ([], 0.5)):  # not given: the checkpoint's step size
+        monkeypatch.setattr(sys, "argv", ["toy.py", "--resume", path, *given])
+        args, checkpoint = resume(Args(resume=path, learning_rate=0.01 if given else 0.5), SCRIPT, FORMAT)
+        optimizer, flat = make()  # built with args.learning_rate, as a script does, then restored
+        with Run(args, checkpoint, SCRIPT, FORMAT) as resumed, resumed.restoring() as saved:
+            optimizer.load_state_dict(saved["optimizer"])
+            flat.load_state_dict(saved["flat"])
+        assert optimizer.param_groups[0]["lr"] == expected and flat.lr == expected
 
 
 def test_gymnasium_saying_a_stopped_recording_was_not_saved_is_silenced():

@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import gymnasium as gym
@@ -233,15 +232,14 @@ def test_atari_evaluate_plays_full_games(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     for module in (pqn_atari_envpool, pqn_atari_envpool_lstm):
         model = module.QNetwork(4)
-        path = tmp_path / "model.pt"
-        torch.save(model.state_dict(), path)
         episodes = [[(30, "term", 3)], [(20, "trunc", 2)]]
         monkeypatch.setattr(
             module,
             "make_env",
             lambda *a, **k: ScriptedPool(episodes, (1 if module is pqn_atari_envpool_lstm else 4, 84, 84), 4),
         )
-        scores = module.evaluate(str(path), module.Args(env_id="Breakout-v5", eval_episodes=2), torch.device("cpu"))
+        args = module.Args(env_id="Breakout-v5", eval_episodes=2)
+        scores = module.evaluate(model.state_dict(), args, torch.device("cpu"), "videos")
         assert sorted(scores) == [210.0, 465.0]
 
 
@@ -343,20 +341,18 @@ def test_td_loss_coef_scales_the_gradient_step(module):
     frames = 4 if module is pqn_atari_envpool else 1
     obs = torch.randint(0, 255, (6, 2, frames, 84, 84), dtype=torch.uint8)
     actions, returns = torch.randint(0, 3, (6, 2)), torch.randn(6, 2)
-    run = types.SimpleNamespace(clip_grad_norm=lambda *args, **kwargs: None)
     moves, losses = [], []
     for coef in (1.0, 0.5):
         torch.manual_seed(0)
         net = module.QNetwork(3)
         before = torch.nn.utils.parameters_to_vector(net.parameters()).detach().clone()
         optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
-        args = module.Args(num_minibatches=1, update_epochs=1, td_loss_coef=coef)
         if module is pqn_atari_envpool:
             batch = (obs.flatten(0, 1), actions.flatten(), returns.flatten(), torch.ones(12))
         else:
             state = net.initial_state(2, torch.device("cpu"))
             batch = (obs, actions, torch.zeros(6, 2, dtype=torch.bool), returns, torch.ones(6, 2), state)
-        loss, _ = module.train_on_rollout(net, optimizer, batch, args, run, 0)
+        loss, _, _ = module.train_on_rollout(net, optimizer, batch, 1, 1, float("inf"), coef)
         moves.append(torch.nn.utils.parameters_to_vector(net.parameters()).detach() - before)
         losses.append(loss.item())
     assert moves[0].abs().max() > 0

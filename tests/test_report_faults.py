@@ -200,14 +200,14 @@ def test_an_event_file_damaged_in_its_middle_is_left_out_not_read_in_part(tmp_pa
 
 
 def test_a_run_whose_event_files_would_not_fit_in_memory_is_left_out(tmp_path, monkeypatch):
-    from cleanrl_q_utils import flag_checks
+    from cleanrl_q_utils import flag_errors
 
     run_dir = write_event_run(tmp_path / "runs", [1.0, 2.0])
     size = sum(path.stat().st_size for path in run_dir.glob("events*"))
-    monkeypatch.setattr(flag_checks, "available_memory_bytes", lambda: size * run_reading.EVENT_MEMORY_FACTOR - 1)
+    monkeypatch.setattr(flag_errors, "available_memory_bytes", lambda: size * run_reading.EVENT_MEMORY_FACTOR - 1)
     with pytest.raises(ValueError, match="which need about .* GB to read, and .* GB are available"):
         run_reading.read_run(run_dir)
-    monkeypatch.setattr(flag_checks, "available_memory_bytes", lambda: size * run_reading.EVENT_MEMORY_FACTOR)
+    monkeypatch.setattr(flag_errors, "available_memory_bytes", lambda: size * run_reading.EVENT_MEMORY_FACTOR)
     assert len(run_reading.read_run(run_dir).returns) == 2
 
 

@@ -33,6 +33,7 @@ def run_child(code: str, tmp_path, **popen):
         sys.path.insert(0, {str(ROOT / "tests")!r})
         from cleanrl_q_utils import command_line, run_folder, training_run
         from test_plumbing import Args, SCRIPT
+        from helpers import end_iteration
         sys.argv = ["toy"]
         """
     command = [sys.executable, "-c", textwrap.dedent(head) + textwrap.dedent(code)]
@@ -103,9 +104,9 @@ def test_a_signal_during_training_stops_after_the_step_with_a_checkpoint(tmp_pat
                 for step in range(1, 100):
                     if step == 3:
                         signal.raise_signal({int(signum)})
-                    if run.checkpoint_or_stop(step, 1, step == 99, lambda: {{"step": step}}):
+                    if end_iteration(run, step, 1, step == 99, lambda: {{"step": step}}):
                         break
-        command_line.cli(main, Args)
+        main(command_line.parse(Args))
         """,
         tmp_path,
     )
@@ -125,10 +126,10 @@ def test_a_run_started_with_nohup_goes_on_through_a_hangup(tmp_path):
                 for step in range(1, 10):
                     if step == 3:
                         signal.raise_signal(signal.SIGHUP)
-                    if run.checkpoint_or_stop(step, 1, step == 9, lambda: {"step": step}):
+                    if end_iteration(run, step, 1, step == 9, lambda: {"step": step}):
                         break
             print("ran to step", step)
-        command_line.cli(main, Args)
+        main(command_line.parse(Args))
         """,
         tmp_path,
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),  # what nohup does
@@ -142,12 +143,12 @@ def test_a_signal_after_training_exits_at_once_and_says_so_with_the_final_checkp
         """
         def main(args):
             with training_run.Run(args, None, SCRIPT, 7) as run:
-                assert not run.checkpoint_or_stop(10, 10, True, lambda: {"x": 1})
+                assert not end_iteration(run, 10, 10, True, lambda: {"x": 1})
                 print("evaluating", flush=True)
                 time.sleep(60)  # the final evaluation
                 print("evaluation done", flush=True)
         sys.argv = ["toy", "--checkpoint-every", "5"]
-        command_line.cli(main, Args)
+        main(command_line.parse(Args))
         """,
         tmp_path,
     )
@@ -178,7 +179,7 @@ def test_one_signal_sent_to_the_process_and_to_its_group_is_one_stop_request(tmp
             print("started", flush=True)
             big @ big  # the first step's work: both signals arrive inside this one call
             for step in range(1, 4):
-                if run.checkpoint_or_stop(step, 1, step == 3, lambda: {"x": step}):
+                if end_iteration(run, step, 1, step == 3, lambda: {"x": step}):
                     break
         """,
         tmp_path,
@@ -209,7 +210,7 @@ def test_two_signals_while_a_run_starts_leave_no_run_folder(tmp_path):
         def main(args):
             with training_run.Run(args, None, SCRIPT, 7):
                 print("started", flush=True)
-        command_line.cli(main, Args)
+        main(command_line.parse(Args))
         """,
         tmp_path,
     )
@@ -231,7 +232,7 @@ def test_a_full_disk_while_logging_ends_in_one_line_with_status_2(tmp_path):
                     run.writer.add_scalar("x", float(step), step)
                     if step % 1000 == 0:
                         run.writer.flush()
-        command_line.cli(main, Args)
+        main(command_line.parse(Args))
         """,
         tmp_path,
         preexec_fn=small_files,
@@ -242,7 +243,7 @@ def test_a_full_disk_while_logging_ends_in_one_line_with_status_2(tmp_path):
 
 
 def test_a_read_only_working_directory_is_refused_in_one_line():
-    process = run_child("command_line.cli(lambda args: training_run.Run(args, None, SCRIPT, 7), Args)", "/sys")  # read-only
+    process = run_child("training_run.Run(command_line.parse(Args), None, SCRIPT, 7)", "/sys")  # read-only
     out, err = process.communicate(timeout=60)
     assert process.returncode == 2 and err.strip().startswith("error: cannot create the run folder runs/")
     assert len(err.strip().splitlines()) == 1

@@ -40,7 +40,7 @@ def untrained_model(folder) -> str:
     """A model file of pqn.py's CartPole network as initialised: its episodes are short, its video is quick to encode."""
     os.makedirs(folder)
     path = os.path.join(folder, "pqn.cleanrl_model")
-    model_files.save_model(path, pqn.__file__, pqn.Args(), pqn.QNetwork((4,), 2))
+    model_files.save_weights(path, pqn.__file__, pqn.Args(), pqn.QNetwork((4,), 2).state_dict())
     return path
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cleanrl_q_utils import classic_control, flag_checks
+from cleanrl_q_utils import classic_control, flag_checks, flag_errors
 
 from tiny import tiny
 
@@ -153,9 +153,9 @@ def test_available_memory_falls_back_to_all_ram_without_proc_or_free_pages(monke
             raise ValueError("unrecognized configuration name")
         return sysconf(name)
 
-    monkeypatch.setattr(flag_checks, "open", no_proc, raising=False)
+    monkeypatch.setattr(flag_errors, "open", no_proc, raising=False)
     monkeypatch.setattr(os, "sysconf", no_free_pages)
-    assert flag_checks.available_memory_bytes() == sysconf("SC_PHYS_PAGES") * sysconf("SC_PAGE_SIZE")
+    assert flag_errors.available_memory_bytes() == sysconf("SC_PHYS_PAGES") * sysconf("SC_PAGE_SIZE")
 
 
 def test_envpool_is_a_dependency_on_linux_only():
