@@ -47,3 +47,24 @@ def end_iteration(run, global_step: int, steps: int, last: bool, state) -> bool:
     if run.checkpoint_due(global_step, steps, last):
         run.save(global_step, state(), learned=())
     return run.stopped
+
+
+def episodic_returns(log_dir: str | Path) -> list[tuple[int, float]]:
+    """The (step, value) pairs of charts/episodic_return in the TensorBoard log at `log_dir`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return [(event.step, event.value) for event in accumulator.Scalars("charts/episodic_return")]
+
+
+def assert_synced_to_offline_wandb(wandb_dir: Path, root: str | Path = ".") -> None:
+    """Fails unless the one run under root/runs went to one offline W&B run in `wandb_dir`: its TensorBoard log synced
+    whole (the same episodic returns) under the run's name, and its flags in the run's record."""
+    (offline,) = wandb_dir.glob("offline-run-*")
+    run_dir = run_dir_of(root)
+    synced = offline / "files" / "runs" / run_dir.name
+    assert synced.is_dir(), sorted(p.name for p in (offline / "files").rglob("*"))
+    assert episodic_returns(synced) == episodic_returns(run_dir) != []
+    (record,) = offline.glob("run-*.wandb")
+    assert b"total_timesteps" in record.read_bytes() and b"wandb_project_name" in record.read_bytes()

@@ -140,7 +140,7 @@ def test_recurrent_state_is_zeroed_at_every_life_start(monkeypatch, tmp_path):
     + [(pqn_atari_envpool_lstm, 0.0), (r2d2, 0.001), (r2d2_atari, 0.001)],
     ids=lambda m: getattr(m, "__name__", "")[8:] or str(m),
 )
-def test_eval_epsilon_is_a_flag_that_evaluate_reads(module, default):
+def test_eval_epsilon_has_its_default_and_evaluate_takes_it_from_args_only(module, default):
     assert module.Args().eval_epsilon == default
     assert list(inspect.signature(module.evaluate).parameters)[:2] == ["weights", "args"]
     assert "epsilon" not in inspect.signature(module.evaluate).parameters  # no hidden second default

@@ -11,6 +11,8 @@ import torch
 from cleanrl import dqn_dueling_per, iqn_atari, pqn_atari_envpool, pqn_atari_envpool_lstm, r2d2_atari, recurrent_iqn_atari
 from cleanrl_q_utils import environments
 
+from tiny import tiny
+
 ATARI_SCRIPTS = [dqn_dueling_per, iqn_atari, pqn_atari_envpool, pqn_atari_envpool_lstm, r2d2_atari, recurrent_iqn_atari]
 
 
@@ -112,8 +114,8 @@ def test_r2d2_atari_stores_a_game_over_on_the_capped_step_as_terminated(tmp_path
     monkeypatch.setattr(r2d2_atari, "make_env", lambda *a, **k: CappedGameOver(make_env(*a, **k), at=30))
     replay = r2d2_atari.SequenceReplay
     monkeypatch.setattr(r2d2_atari, "SequenceReplay", lambda *a, **k: buffers.append(replay(*a, **k)) or buffers[-1])
-    sizes = dict(total_timesteps=80, num_envs=2, learning_starts=70, buffer_size=2000, batch_size=2, lstm_size=8)
-    r2d2_atari.main(r2d2_atari.Args(env_id="Pong-v5", seq_len=4, burn_in=2, sequence_period=2, n_step=2, **sizes))
+    flags = tiny("r2d2_atari", total_timesteps=80, learning_starts=70, batch_size=2, lstm_size=8, burn_in=2, sequence_period=2)
+    r2d2_atari.main(r2d2_atari.Args(**flags))
     (rb,) = buffers
     assert rb.terminated[0, 29] and rb.truncated[0, 29]  # step 30 of env 0: no bootstrap from its final frame
     assert not rb.terminated[1].any()

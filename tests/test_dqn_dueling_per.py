@@ -19,6 +19,7 @@ from cleanrl.dqn_dueling_per import (
 )
 
 from learning import last_mean, passes_with_one_of
+from tiny import tiny
 
 
 def filled_buffer(priorities, alpha, capacity=None, seed=0):
@@ -229,8 +230,23 @@ def test_torso_gradient_is_scaled_by_one_over_sqrt2_on_atari_only(shape, torso_s
         torch.testing.assert_close(grad, expected[id(param)])
 
 
-def test_atari_gradients_are_clipped_to_norm_10():
-    assert Args().max_grad_norm == 10.0  # Wang et al. 2016 clip the gradient norm at 10 (Atari); the default path too
+def test_an_atari_run_clips_every_updates_gradient_to_norm_10_by_default(monkeypatch, tmp_path):
+    """Wang et al. 2016 clip the gradient norm at 10 (Atari); the default run does too: every update's gradient norm
+    after the clip is at most 10, and some were larger before it (the clip acts)."""
+    monkeypatch.chdir(tmp_path)
+    clip, norms = torch.nn.utils.clip_grad_norm_, []
+
+    def recording_clip(parameters, max_norm, *args, **kwargs):
+        parameters = list(parameters)
+        before = clip(parameters, max_norm, *args, **kwargs)
+        after = torch.cat([p.grad.flatten() for p in parameters if p.grad is not None]).norm()
+        norms.append((max_norm, float(before), float(after)))
+        return before
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", recording_clip)
+    main(Args(**tiny("dqn_dueling_per", atari=True, learning_rate=1.0)))
+    assert norms and all(max_norm == 10.0 and after <= 10.0 * (1 + 1e-4) for max_norm, _, after in norms), norms
+    assert max(before for _, before, _ in norms) > 10.0
 
 
 def test_double_q_targets_by_hand():

@@ -10,6 +10,7 @@ import torch
 from cleanrl import iqn, iqn_atari
 
 from learning import last_mean, passes_with_one_of
+from tiny import tiny
 
 SCRIPTS = [iqn, iqn_atari]
 
@@ -256,9 +257,7 @@ def test_atari_training_loop_starts_the_epsilon_decay_at_learning_starts(tmp_pat
     monkeypatch.setattr(
         iqn_atari, "act", lambda q, obs, epsilon, *a, **k: epsilons.append(epsilon) or act(q, obs, 0.0, *a, **k)
     )
-    args = iqn_atari.Args(total_timesteps=240, num_envs=2, learning_starts=160, buffer_size=400, batch_size=4,
-                          num_tau_samples=8, num_tau_prime_samples=8, num_quantile_samples=8, hidden_size=32,
-                          end_e=0.01, exploration_fraction=0.2, eval_episodes=0)  # fmt: skip
+    args = iqn_atari.Args(**tiny("iqn_atari", end_e=0.01, exploration_fraction=0.2))
     iqn_atari.main(args)
     steps = 2 * np.arange(1, len(epsilons) + 1)  # the global step of each act call
     assert len(epsilons) == 120 and all(e == 1.0 for e in np.array(epsilons)[steps <= 160])
@@ -334,8 +333,9 @@ def test_bad_flags_exit_with_a_clear_message(module, overrides, flag, tmp_path, 
 
 def test_smoke_iqn(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = iqn.Args(total_timesteps=800, num_envs=2, learning_starts=200, buffer_size=400, batch_size=16,
-                    target_network_frequency=100, exploration_fraction=0.5, save_model=True, eval_episodes=2)  # fmt: skip
+    args = iqn.Args(
+        **tiny("iqn", short=True, target_network_frequency=100, exploration_fraction=0.5), save_model=True, eval_episodes=2
+    )
     scores = iqn.main(args)
     assert isinstance(scores, list) and len(scores) > 10
     assert all(np.isfinite(scores)) and all(1 <= s <= 500 for s in scores)
@@ -348,9 +348,7 @@ def test_smoke_iqn(tmp_path, monkeypatch):
 
 def test_smoke_iqn_atari(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = iqn_atari.Args(total_timesteps=240, num_envs=2, learning_starts=160, buffer_size=400, batch_size=4,
-                          num_tau_samples=8, num_tau_prime_samples=8, num_quantile_samples=8, hidden_size=32,
-                          target_network_frequency=40, exploration_fraction=0.4, save_model=True, eval_episodes=0)  # fmt: skip
+    args = iqn_atari.Args(**tiny("iqn_atari"), save_model=True)
     scores = iqn_atari.main(args)
     assert isinstance(scores, list)
     (run_dir,) = (tmp_path / "runs").iterdir()
@@ -373,3 +371,18 @@ def test_iqn_learns_cartpole(tmp_path, monkeypatch):
         return last_mean(iqn.main(iqn.Args(total_timesteps=LEARNING_STEPS, seed=seed)), 100)
 
     passes_with_one_of([1, 2], last_100_mean, LEARNING_THRESHOLD)
+
+
+def test_iqn_atari_replay_add_history_rebuilds_the_current_stack():
+    # A resume without stored replay starts an empty frame-once buffer in the middle of games.
+    for stack, starts_game in [([5, 6, 7, 8], False), ([5, 5, 6, 7], False), ([5, 5, 5, 5], True)]:
+        obs = np.array(stack, dtype=np.uint8).reshape(1, 4, 1, 1) * np.ones((1, 4, 2, 2), dtype=np.uint8)
+        rb = iqn_atari.ReplayBuffer(20, 1, (2, 2), 4, "cpu", np.random.default_rng(0))
+        rb.add_history(obs)
+        one, no = np.ones(1, dtype=bool), np.zeros(1, dtype=bool)
+        rb.add(obs[:, -1], np.array([starts_game]), np.array([1]), np.array([1.0]), np.array([0.0]), valid=one)
+        rb.add(np.full((1, 2, 2), 9, dtype=np.uint8), no, np.array([0]), np.array([0.0]), np.array([0.0]), valid=one)
+        assert np.array_equal(rb.stacks(np.array([0]), np.array([3]))[0], obs[0])
+        assert rb.stacks(np.array([0]), np.array([4]))[0, :, 0, 0].tolist() == stack[1:] + [9]
+        batch = rb.sample(8)  # only the one real transition, from the rebuilt stack to the next one
+        assert (batch.obs == torch.from_numpy(obs)).all() and (batch.actions == 1).all()

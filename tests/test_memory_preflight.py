@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 import torch.nn as nn
 
 from cleanrl import (
@@ -237,7 +238,96 @@ def test_eval_only_of_a_model_file_that_declares_a_huge_network_is_refused_befor
 
 
 @pytest.mark.parametrize("module", list(HUGE), ids=name)
-def test_the_default_flags_pass_the_memory_check_on_a_machine_with_32_gb_free(module, monkeypatch):
+def test_the_memory_check_passes_the_default_flags_with_32_gb_free_and_refuses_them_with_1_kb(module, monkeypatch):
     # Estimates far above the truth would refuse the documented runs: every default run fits a 32 GB machine.
     monkeypatch.setattr(flag_checks, "available_memory_bytes", lambda: 32 * 10**9)
     module.validate_args(module.Args(save_model=True))
+    # and the check does run on these flags: the same run on a machine with 1 kB free is refused in one line.
+    monkeypatch.setattr(flag_checks, "available_memory_bytes", lambda: 1000)
+    with pytest.raises(SystemExit) as refused:
+        module.validate_args(module.Args(save_model=True))
+    assert str(refused.value).startswith("error: --") and "needs about" in str(refused.value)
+
+
+# ---------------------------------------------------------------- rollouts and replays
+
+
+@pytest.mark.parametrize("module", [pqn, pqn_atari_envpool, pqn_atari_envpool_lstm], ids=["mlp", "cnn", "lstm"])
+def test_an_oversized_pqn_rollout_is_refused_before_envs_are_built(module, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(module, "make_env", lambda *a, **kw: pytest.fail("an env was built"))
+    huge = 10**6
+    with pytest.raises(SystemExit, match="--num-envs") as error:
+        module.main(module.Args(num_envs=huge, num_steps=huge))
+    assert "--num-steps" in str(error.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_pqn_atari_rollout_memory_estimate_counts_observations():
+    args = pqn_atari_envpool.Args(num_envs=8, num_steps=128)
+    per_step = 4 * 84 * 84 + 8 + 4 + 4 + 4 + 1
+    assert pqn_atari_envpool.rollout_memory_bytes(args, (4, 84, 84), np.uint8) == 8 * 128 * per_step
+
+
+@pytest.mark.parametrize(
+    "module, env_id",
+    [(dqn_dueling_per, "CartPole-v1"), (dqn_dueling_per, "Breakout-v5"), (iqn, None), (iqn_atari, None)]
+    + [(r2d2, None), (r2d2_atari, None), (recurrent_iqn, None), (recurrent_iqn_atari, None)],
+    ids=lambda value: value if isinstance(value, str) else name(value) if value is not None else "",
+)
+def test_an_oversized_replay_is_refused_before_envs_are_built(module, env_id, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(module, "make_env", lambda *a, **k: pytest.fail("an environment was built"))
+    flags = dict(buffer_size=10**12, cuda=False) | (dict(env_id=env_id) if env_id else {})
+    with pytest.raises(
+        SystemExit, match=r"^error: --buffer-size=1000000000000: the replay needs about [\d,.]+ GB (.* )?but [\d,.]+ GB are"
+    ):
+        module.main(module.Args(**flags))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_dqn_dueling_per_replay_memory_estimate_matches_the_allocated_arrays():
+    rb = dqn_dueling_per.PrioritizedReplayBuffer(37, (4,), np.float32, alpha=0.6)  # 37: the trees pad to 64 leaves
+    window = dqn_dueling_per.NStepWindow(3, 2, (4,), np.float32, gamma=0.99)
+    arrays = (
+        rb.obs,
+        rb.next_obs,
+        rb.actions,
+        rb.returns,
+        rb.discounts,
+        rb.sum_tree.nodes,
+        rb.min_tree.nodes,
+        window.obs,
+        window.actions,
+        window.rewards,
+        window.length,
+    )
+    estimate = dqn_dueling_per.replay_memory_bytes(
+        dqn_dueling_per.Args(buffer_size=37, n_step=3, num_envs=2), (4,), np.float32
+    )
+    assert estimate == sum(a.nbytes for a in arrays)  # Atari's replay: tests/test_dqn_dueling_per_atari.py
+
+
+def test_iqn_replay_memory_estimate_matches_the_allocated_arrays():
+    rng = np.random.default_rng(0)
+    args = iqn.Args(buffer_size=1003, num_envs=4)  # 250 slots per environment: 1000 in all
+    rb = iqn.ReplayBuffer(1003, 4, (4,), "cpu", rng)
+    assert iqn.replay_memory_bytes(args, (4,)) == sum(getattr(rb, name).nbytes for name in rb.ARRAYS) == 1000 * 33
+    args = iqn_atari.Args(buffer_size=1003, num_envs=4)
+    rb = iqn_atari.ReplayBuffer(1003, 4, (84, 84), 4, "cpu", rng)
+    assert iqn_atari.replay_memory_bytes(args, (84, 84)) == sum(getattr(rb, name).nbytes for name in rb.ARRAYS)
+
+
+@pytest.mark.parametrize("module, obs_shape, dtype", [(r2d2, (2,), np.float32), (r2d2_atari, (84, 84), np.uint8)])
+def test_r2d2_replay_memory_estimate_matches_the_allocation(module, obs_shape, dtype):
+    args = module.Args(num_envs=3, buffer_size=3000, seq_len=6, burn_in=4, sequence_period=3, n_step=2, lstm_size=8)
+    rb = module.SequenceReplay(args, obs_shape, dtype)
+    allocated = sum(value.nbytes for value in vars(rb).values() if isinstance(value, np.ndarray))
+    assert module.replay_memory_bytes(args, obs_shape, dtype) == allocated + rb.tree.nodes.nbytes
+
+
+def test_recurrent_iqn_replay_memory_estimate_matches_the_allocation():
+    args = recurrent_iqn.Args(**tiny("recurrent_iqn", buffer_size=4000, prioritized_replay=True))
+    rb = recurrent_iqn.SequenceReplay(args, (2,), np.float32, args.lstm_size, torch.device("cpu"))
+    allocated = sum(getattr(rb, key).nbytes for key in rb.ARRAYS) + rb.state.nbytes + rb.priorities.nodes.nbytes
+    assert recurrent_iqn.replay_memory_bytes(args, (2,), np.float32) == allocated

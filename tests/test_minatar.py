@@ -136,13 +136,14 @@ def test_a_resumed_minatar_run_is_the_uninterrupted_one(monkeypatch, tmp_path):
         assert torch.equal(weight, ends[1]["state"]["q_network"][name]), name
 
 
-def test_minatar_videos_record_the_game_as_played(monkeypatch, tmp_path):
+def test_a_minatar_evaluation_with_capture_video_writes_a_video_of_its_episode(monkeypatch, tmp_path):
     pytest.importorskip("moviepy")
     monkeypatch.chdir(tmp_path)
     model = pqn.QNetwork((10, 10, 4), 6)
     args = pqn.Args(env_id="MinAtar/Breakout-v0", capture_video=True, eval_episodes=1)
     scores = pqn.evaluate(model.state_dict(), args, torch.device("cpu"), str(tmp_path / "videos"))
-    assert len(scores) == 1 and list((tmp_path / "videos").glob("*.mp4"))
+    videos = list((tmp_path / "videos").glob("*.mp4"))
+    assert len(scores) == 1 and len(videos) == 1 and videos[0].stat().st_size > 1000
 
 
 def test_the_report_reads_minatar_run_folders():

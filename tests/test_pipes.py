@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from benchmark_runs import script_env
-from test_plumbing import Args
 from test_signals import hangup_as_from_a_terminal
+from toy_run import Args
 
 from cleanrl_q_utils import command_line, stop_signals, training_run
 from cleanrl_q_utils.checkpoint_files import read_checkpoint

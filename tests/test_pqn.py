@@ -13,9 +13,10 @@ from cleanrl import pqn, pqn_atari_envpool, pqn_atari_envpool_lstm
 from cleanrl_q_utils.checkpoint_files import read_checkpoint
 from cleanrl_q_utils.flat_radam import RAdam, flatten_parameters
 
-from helpers import checkpoint_of
+from helpers import assert_synced_to_offline_wandb, checkpoint_of
 from interrupts import interrupt_at_step, run_until_stopped
 from learning import last_mean, passes_with_one_of
+from tiny import tiny
 
 REPO = Path(__file__).resolve().parents[1]
 ALL_SCRIPTS = [pqn, pqn_atari_envpool, pqn_atari_envpool_lstm]
@@ -146,7 +147,7 @@ def test_atari_true_scores_cover_all_lives_and_time_outs(monkeypatch, tmp_path):
         return pools[-1]
 
     monkeypatch.setattr(pqn_atari_envpool, "make_env", fake_make_env)
-    args = pqn_atari_envpool.Args(total_timesteps=2 * 64, num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1)
+    args = pqn_atari_envpool.Args(**tiny("pqn_atari_envpool", total_timesteps=2 * 64, num_envs=2, num_steps=16))
     scores = pqn_atari_envpool.main(args)
     # A game of length L scores 1 + ... + L (unclipped, all lives) and takes L steps plus one reset step per life.
     # Env 0 finishes games at steps 14 (78), 26 (45, time-out), 41 (78), 53 (45);
@@ -221,7 +222,7 @@ def test_pqn_smoke_with_saved_model(monkeypatch, tmp_path):
 @pytest.mark.parametrize("module", [pqn_atari_envpool, pqn_atari_envpool_lstm], ids=["cnn", "lstm"])
 def test_atari_smoke(module, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    args = module.Args(total_timesteps=256, num_envs=4, num_steps=32, num_minibatches=2, update_epochs=1)
+    args = module.Args(**tiny(module, short=True))
     scores = module.main(args)
     assert isinstance(scores, list)
     (run_dir,) = (tmp_path / "runs").iterdir()
@@ -252,9 +253,9 @@ def test_pqn_learns_cartpole(monkeypatch, tmp_path):
     passes_with_one_of([1, 2], lambda seed: last_mean(pqn.main(pqn.Args(seed=seed)), 100), 450.0)
 
 
-def test_track_works_offline(offline_wandb):
+def test_a_tracked_run_offline_syncs_its_log_and_flags_to_an_offline_wandb_run(offline_wandb):
     pqn.main(pqn.Args(track=True, total_timesteps=1024, num_envs=8, num_steps=32))
-    assert list(offline_wandb.glob("offline-run-*"))
+    assert_synced_to_offline_wandb(offline_wandb)
 
 
 def test_radam_matches_torch_radam():

@@ -515,5 +515,14 @@ def test_learns_velocity_hidden_cartpole(tmp_path, monkeypatch):
 def test_no_burn_in_trains_from_the_stored_state(module, monkeypatch, tmp_path):
     """--burn-in 0 ("off"): the trained steps start from the state stored with the sequence, no prefix is unrolled."""
     monkeypatch.chdir(tmp_path)
-    scores = module.main(module.Args(**tiny(module, burn_in=0)))
-    assert glob.glob("runs/*/events.out.tfevents.*") and isinstance(scores, list)
+    td_errors, seen = module.sequence_td_errors, []
+
+    def recording(q_network, target_network, batch, burn_in, seq_len, n_step, gamma):
+        seen.append((burn_in, len(batch["obs"]), seq_len + n_step, bool(batch["h"].any() or batch["c"].any())))
+        return td_errors(q_network, target_network, batch, burn_in, seq_len, n_step, gamma)
+
+    monkeypatch.setattr(module, "sequence_td_errors", recording)
+    module.main(module.Args(**tiny(module, burn_in=0)))
+    assert seen and all(burn_in == 0 for burn_in, *_ in seen)
+    assert all(length == trained for _, length, trained, _ in seen)  # no prefix gathered before the trained steps
+    assert any(stored for *_, stored in seen)  # sequences that start inside an episode start from its stored state

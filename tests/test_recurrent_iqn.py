@@ -12,7 +12,9 @@ import torch
 from cleanrl import recurrent_iqn, recurrent_iqn_atari
 from cleanrl_q_utils import lstm_unroll
 
+from helpers import assert_synced_to_offline_wandb
 from learning import last_mean, passes_with_one_of
+from tiny import tiny
 
 MODULES = [recurrent_iqn_atari, recurrent_iqn]
 
@@ -71,17 +73,14 @@ def test_actor_epsilons_and_base_schedule(module):
     assert np.allclose(module.actor_epsilons(8, 0.01), 0.01)  # at the end every actor explores at the floor
 
 
+NETWORK_FLAGS = ("lstm_size", "hidden_size", "quantile_embedding_dim", "num_tau_samples", "num_tau_prime_samples")
+NETWORK_FLAGS += ("num_quantile_samples", "cuda")
+
+
 def small_args(module, **kw):
-    base = dict(
-        lstm_size=8,
-        hidden_size=8,
-        quantile_embedding_dim=6,
-        num_tau_samples=3,
-        num_tau_prime_samples=3,
-        num_quantile_samples=3,
-        cuda=False,
-        burn_in=0,
-    )  # tiny sequences: shorter than the vector default burn-in
+    """`module`'s Args with the tiny run's network (tests/tiny.py) and `kw`, without a burn-in (tiny sequences: shorter
+    than the vector default burn-in)."""
+    base = {flag: tiny("recurrent_iqn")[flag] for flag in NETWORK_FLAGS} | dict(burn_in=0)
     if module is recurrent_iqn:
         base.update(mask_velocity=True)
     return module.Args(**{**base, **kw})
@@ -450,16 +449,9 @@ def test_noop_policy_finishes_an_evaluation_game_of_breakout(capture_video, monk
     assert sum(firsts) == 5  # the game's start and the start of each of the 4 later lives
 
 
-SMOKE = dict(
-    total_timesteps=400,
-    num_envs=4,
-    buffer_size=400,
-    seq_len=6,
-    batch_size=4,
-    learning_starts=160,
-    target_network_frequency=160,
-    log_interval=2,
-)
+# The tiny run's sizes (small_args gives its network), 400 steps long
+SMOKE = {flag: value for flag, value in tiny("recurrent_iqn", total_timesteps=400).items() if flag not in NETWORK_FLAGS}
+del SMOKE["burn_in"]  # small_args's, or a test's own
 OPTIONS = [
     {},
     dict(prioritized_replay=True),
@@ -503,9 +495,10 @@ def test_min_epsilon_sets_the_floor_apart_from_the_base(module, min_epsilon, las
         assert np.allclose(played[-1], 0.4 ** (1 + 7 * np.arange(4) / 3))
 
 
-def test_track_works_offline(offline_wandb):
+def test_a_tracked_run_offline_syncs_its_log_and_flags_to_an_offline_wandb_run(offline_wandb):
     returns = recurrent_iqn.main(small_args(recurrent_iqn, track=True, **SMOKE))
-    assert len(returns) > 0 and list(offline_wandb.glob("offline-run-*"))
+    assert len(returns) > 0
+    assert_synced_to_offline_wandb(offline_wandb)
 
 
 @pytest.mark.parametrize(

@@ -26,13 +26,13 @@ def hangup_as_from_a_terminal() -> None:
 
 
 def run_child(code: str, tmp_path, **popen):
-    """A child process running `code` with the plumbing and the toy Args of test_plumbing.py imported."""
+    """A child process running `code` with the plumbing and the toy Args of toy_run.py imported."""
     head = f"""
         import sys, signal, time, torch
         sys.path.insert(0, {str(ROOT)!r})
         sys.path.insert(0, {str(ROOT / "tests")!r})
         from cleanrl_q_utils import command_line, run_folder, training_run
-        from test_plumbing import Args, SCRIPT
+        from toy_run import Args, SCRIPT
         from helpers import end_iteration
         sys.argv = ["toy"]
         """

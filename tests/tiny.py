@@ -13,6 +13,8 @@ Three kinds of run, each a table of the same scripts:
   tests of what a run prints and saves (an --eval-only evaluation has to rebuild the network from the model file).
 - `MINATAR`, what `tiny(script, env_id="MinAtar/...")` gives: a run on a MinAtar game, where every flag not given
   comes from the script's MINATAR_DEFAULTS: the sizes alone.
+- `ATARI`, `tiny(script, atari=True)`: the tiny Atari run of a script that plays both vector and Atari games (for
+  the scripts of Atari alone, `TINY` holds it).
 """
 
 from types import ModuleType
@@ -185,11 +187,30 @@ MINATAR = {  # a few thousand steps with learning in them
 }
 
 
-def tiny(script: str | ModuleType, *, short: bool = False, **overrides) -> dict:
+ATARI = {
+    # Breakout with rings of 32 frames for 2 envs, learning from step 16 (the CNN's sizes are fixed); the other flags
+    # from the Atari configuration.
+    "dqn_dueling_per": dict(
+        env_id="Breakout-v5",
+        total_timesteps=96,
+        num_envs=2,
+        buffer_size=64,
+        batch_size=4,
+        learning_starts=16,
+        train_frequency=2,
+        target_network_frequency=16,
+    ),
+}
+
+
+def tiny(script: str | ModuleType, *, short: bool = False, atari: bool = False, **overrides) -> dict:
     """The flags of `script`'s tiny run (a name such as "iqn", or the imported module), with `overrides` on top: from
-    `SHORT` with short=True, from `MINATAR` when overrides name a MinAtar env_id, from `TINY` otherwise."""
+    `SHORT` with short=True, from `ATARI` with atari=True, from `MINATAR` when overrides name a MinAtar env_id, from
+    `TINY` otherwise."""
     name = script if isinstance(script, str) else script.__name__.rsplit(".", 1)[-1]
-    if str(overrides.get("env_id", "")).startswith("MinAtar/"):
+    if atari:
+        table = ATARI
+    elif str(overrides.get("env_id", "")).startswith("MinAtar/"):
         table = MINATAR
     else:
         table = SHORT if short else TINY

@@ -1,6 +1,11 @@
-"""The shared run plumbing (cleanrl_q_utils: training_run, stop_signals, checkpoint_files, command_line): signals,
-atomic checkpoints, resume flags, the NaN stop, the TensorBoard purge step, and in-place restore of a script's
-checkpoint state."""
+"""cleanrl_q_utils.training_run: the Run a script trains inside, driven directly. Signals and the checkpointed stop,
+where checkpoints fall, atomic saves, the resume hint, the run folder and its lock, the NaN stop read from the device
+flag, the TensorBoard purge on resume, the saved plain values handed back by `restoring` and the fast-forward of the
+environments.
+
+These tests call Run's methods (checkpoint_due, save, stopped, restoring, check_finite, fast_forward) and
+command_line.parse as the scripts do; what the scripts do with them is tested through their `main` in test_resume.py
+and test_signals.py."""
 
 import os
 import re
@@ -9,46 +14,19 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from toy_run import FORMAT, SCRIPT, Args, start
 
 from cleanrl_q_utils.checkpoint_files import read_checkpoint
 from cleanrl_q_utils.command_line import resume
 from cleanrl_q_utils.episode_scores import EpisodeStats
-from cleanrl_q_utils.flag_errors import check_flags
 from cleanrl_q_utils.training_run import Run
 
 from helpers import end_iteration, run_dir_of
-
-FORMAT = 7
-
-
-@dataclass
-class Args:
-    exp_name: str = "toy"
-    seed: int = 1
-    cuda: bool = False
-    track: bool = False
-    wandb_project_name: str = "cleanrl-q"
-    wandb_entity: Optional[str] = None
-    env_id: str = "Toy-v0"
-    total_timesteps: int = 100
-    learning_rate: float = 1e-3
-    checkpoint_every: int = 0
-    resume: Optional[str] = None
-    resume_fresh_envs: bool = False
-
-
-SCRIPT = "/somewhere/cleanrl/toy.py"
-
-
-def start(args=None, checkpoint=None):
-    return Run(args or Args(), checkpoint, SCRIPT, FORMAT)
 
 
 @pytest.fixture(autouse=True)
@@ -129,7 +107,7 @@ def run_child(code, tmp_path):
         sys.path.insert(0, {os.getcwd()!r})
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from cleanrl_q_utils import command_line, episode_scores, training_run
-        from test_plumbing import Args, SCRIPT
+        from toy_run import Args, SCRIPT
         from helpers import end_iteration
         """
     )
@@ -190,7 +168,7 @@ def test_a_killed_save_leaves_the_previous_checkpoint_whole(tmp_path):
         sys.path.insert(0, {os.getcwd()!r})
         from cleanrl_q_utils.training_run import Run
         sys.path.insert(0, {os.path.dirname(__file__)!r})
-        from test_plumbing import Args, SCRIPT
+        from toy_run import Args, SCRIPT
         run = Run(Args(), None, SCRIPT, 7)
         big = torch.zeros(20_000_000)
         for i in range(1000):
@@ -209,31 +187,6 @@ def test_a_killed_save_leaves_the_previous_checkpoint_whole(tmp_path):
     saved = read_checkpoint(run_dir / "checkpoint.pt")
     big = saved["state"]["big"]
     assert big.numel() == 20_000_000 and bool((big == saved["global_step"]).all())
-
-
-def test_resume_keeps_the_checkpoints_flags_unless_given_and_a_given_flag_wins_whatever_its_value(capsys, monkeypatch):
-    with start(Args(seed=3, learning_rate=0.5, checkpoint_every=1000, cuda=True)) as run:
-        path = run.save(40, {"x": 1}, learned=())
-    args, checkpoint = resume(Args(resume=path), SCRIPT, FORMAT)  # as the printed hint runs it
-    assert (args.seed, args.learning_rate, args.checkpoint_every, args.resume) == (3, 0.5, 1000, path)
-    assert checkpoint["global_step"] == 40 and checkpoint["changed"] == []
-    # Given on the command line with the default's value: still given, so it wins over the checkpoint's.
-    monkeypatch.setattr(
-        sys, "argv", ["toy.py", "--resume", path, "--learning-rate=0.001", "--checkpoint_every", "0", "--no-cuda"]
-    )
-    args, checkpoint = resume(Args(resume=path), SCRIPT, FORMAT)
-    assert (args.learning_rate, args.checkpoint_every, args.cuda) == (1e-3, 0, False)
-    assert checkpoint["changed"] == ["--checkpoint-every 1000 -> 0", "--cuda True -> False", "--learning-rate 0.5 -> 0.001"]
-    with Run(args, checkpoint, SCRIPT, FORMAT):
-        pass
-    assert "flags changed on resume: --checkpoint-every 1000 -> 0, --cuda True -> False" in capsys.readouterr().out
-    # A flag that cannot change is refused by name, unless given with the checkpoint's own value (as a launcher does).
-    monkeypatch.setattr(sys, "argv", ["toy.py", "--resume", path, "--seed", "9"])
-    with pytest.raises(SystemExit, match=r"^error: --seed=9: cannot change on resume \(the checkpoint has 3\)"):
-        resume(Args(resume=path, seed=9), SCRIPT, FORMAT)
-    monkeypatch.setattr(sys, "argv", ["toy.py", "--resume", path, "--seed", "3", "--total-timesteps", "100"])
-    assert resume(Args(resume=path, seed=3), SCRIPT, FORMAT)[0].seed == 3
-    assert resume(Args(), SCRIPT, FORMAT) == (Args(), None)
 
 
 def test_the_resume_hint_works_from_any_directory(capsys, tmp_path, monkeypatch):
@@ -296,75 +249,6 @@ def test_a_second_process_cannot_run_a_run_that_is_running():
         assert resumed.dir == run.dir
 
 
-class RunsCode:
-    """Unpickling this object creates the file `marker`: what a crafted checkpoint could do with any code."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
-@pytest.mark.parametrize("where", ["top", "state", "model", "bare pickle"])
-def test_a_file_whose_unpickling_would_run_code_is_refused_without_running_it(tmp_path, where):
-    import pickle
-    import warnings
-
-    from cleanrl_q_utils.model_files import read_model_file
-
-    marker, path = tmp_path / "ran", str(tmp_path / "evil.pt")
-    with start(Args(checkpoint_every=1)) as run:
-        good = read_checkpoint(run.save(1, {"x": 1}, learned=()))
-    content = {"top": RunsCode(str(marker)), "state": dict(good, state={"x": RunsCode(str(marker))})}.get(where)
-    if where == "bare pickle":  # not torch's zip format, and a pickle protocol torch warns about
-        with open(path, "wb") as file:
-            pickle.dump(RunsCode(str(marker)), file, protocol=4)
-    else:
-        torch.save(content if where != "model" else {"kind": "cleanrl-q model", "model": RunsCode(str(marker))}, path)
-    with (
-        warnings.catch_warnings(record=True) as warned,
-        pytest.raises(
-            SystemExit,
-            # a bare pickle is not even read: it is not the zip archive torch.save writes
-            match=r"^error: --(resume|model-path)=.*evil.pt: not a readable (checkpoint|model file) "
-            r"\((it holds Python |not a zip archive as torch.save writes it)",
-        ),
-    ):
-        warnings.simplefilter("always")
-        if where == "model":
-            read_model_file(path)
-        else:
-            resume(Args(resume=path), SCRIPT, FORMAT)
-    assert not marker.exists() and [str(warning.message) for warning in warned] == []  # the one line only
-    with open(path, "rb") as file:  # the file is not harmless: read unsafely, it runs code
-        pickle.load(file) if where == "bare pickle" else torch.load(file, weights_only=False)
-    assert marker.exists()
-
-
-def test_weights_of_another_network_are_refused_in_one_line(tmp_path):
-    from cleanrl_q_utils.model_files import put_weights, read_model_file
-
-    path = str(tmp_path / "other.cleanrl_model")
-    torch.save(nn.Linear(3, 2).state_dict(), path)  # bare weights, as an older or another script wrote them
-    with pytest.raises(SystemExit, match=r"^error: --model-path=.*other.cleanrl_model: its weights do not fit this script"):
-        put_weights(nn.Sequential(nn.Linear(4, 2)), read_model_file(path)["model"], path)
-
-
-def test_fresh_environments_far_into_a_run_get_a_seed_envpool_takes(tmp_path):
-    seed = 2**31 - 2**16 - 1  # the largest seed the flags allow
-    with start(Args(seed=seed, checkpoint_every=1)) as run:
-        path = run.save(10**10, {"x": 1}, learned=())
-    args, checkpoint = resume(Args(resume=path, resume_fresh_envs=True), SCRIPT, FORMAT)
-    with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
-        assert resumed.env_seed == (seed + 10**10) % 2**31 and 0 <= resumed.env_seed < 2**31
-
-
-def test_runs_started_in_the_same_second_get_directories_of_their_own():
-    with start() as first, start() as second:
-        assert first.dir != second.dir and os.path.isdir(first.dir) and os.path.isdir(second.dir)
-
-
 def test_a_state_with_nan_is_not_written_and_the_previous_checkpoint_stays():
     with start() as run:
         layer = nn.Linear(2, 2)
@@ -394,46 +278,6 @@ def test_a_full_disk_says_so_names_the_last_good_checkpoint_and_leaves_no_partia
     assert line.startswith("error: writing the checkpoint failed at step 9") and f"last good checkpoint: {path}" in line
     assert [name for name in os.listdir(os.path.dirname(path)) if name.endswith(".tmp")] == []
     assert read_checkpoint(path)["global_step"] == 5
-
-
-def test_a_checkpoint_with_bytes_flipped_inside_a_tensor_is_refused():
-    with start() as run:
-        path = run.save(5, {"w": torch.full((64,), 1234.5)}, learned=())
-    data = bytearray(open(path, "rb").read())
-    at = data.index(np.float32(1234.5).tobytes() * 4)  # inside the tensor's stored values
-    data[at + 1] ^= 0xFF
-    data[at + 6] ^= 0xFF
-    open(path, "wb").write(bytes(data))
-    with pytest.raises(SystemExit, match="checksum"):
-        resume(Args(resume=path), SCRIPT, FORMAT)
-
-
-@pytest.mark.parametrize(
-    "script, fmt, content, message",
-    [
-        ("/x/cleanrl/other.py", FORMAT, None, "written by toy.py, not other.py"),
-        (SCRIPT, FORMAT + 1, None, "format 7, expected 8"),
-        (SCRIPT, FORMAT, b"not a checkpoint", "not a readable checkpoint"),
-    ],
-)
-def test_resume_stops_with_one_clear_line_on_a_foreign_or_broken_checkpoint(script, fmt, content, message):
-    with start() as run:
-        path = run.save(40, {"x": 1}, learned=())
-    if content is not None:
-        with open(path, "wb") as file:
-            file.write(content)
-    with pytest.raises(SystemExit, match=message):
-        resume(Args(resume=path), script, fmt)
-    with pytest.raises(SystemExit, match="--resume=nowhere.pt: no such file"):
-        resume(Args(resume="nowhere.pt"), SCRIPT, FORMAT)
-    os.makedirs("a_folder")
-    with pytest.raises(SystemExit, match="--resume=a_folder: not a file"):
-        resume(Args(resume="a_folder"), SCRIPT, FORMAT)
-
-
-def test_check_flags_names_the_first_bad_flag():
-    with pytest.raises(SystemExit, match=r"^error: --num-envs=0: at least 1$"):
-        check_flags([("seed", 1, True, "any"), ("num_envs", 0, False, "at least 1"), ("gamma", 2, False, "in [0, 1]")])
 
 
 def test_nan_stop_reads_the_device_flag_and_names_the_last_good_checkpoint():
@@ -522,6 +366,26 @@ def test_a_state_that_does_not_fit_the_run_stops_in_one_line():
             nn.Linear(2, 2).load_state_dict(saved["b"])
 
 
+def test_a_learning_rate_given_on_resume_is_the_one_the_restored_optimizer_steps_with(monkeypatch):
+    from cleanrl_q_utils.flat_radam import RAdam
+
+    def make():
+        network = nn.Linear(4, 2)
+        return torch.optim.Adam(network.parameters(), lr=0.5), RAdam(torch.zeros(3), lr=0.5)
+
+    optimizer, flat = make()
+    with start(Args(learning_rate=0.5)) as run:
+        path = run.save(4, {"optimizer": optimizer.state_dict(), "flat": flat.state_dict()}, learned=("optimizer", "flat"))
+    for given, expected in ((["--learning-rate", "0.01"], 0.01), ([], 0.5)):  # not given: the checkpoint's step size
+        monkeypatch.setattr(sys, "argv", ["toy.py", "--resume", path, *given])
+        args, checkpoint = resume(Args(resume=path, learning_rate=0.01 if given else 0.5), SCRIPT, FORMAT)
+        optimizer, flat = make()  # built with args.learning_rate, as a script does, then restored
+        with Run(args, checkpoint, SCRIPT, FORMAT) as resumed, resumed.restoring() as saved:
+            optimizer.load_state_dict(saved["optimizer"])
+            flat.load_state_dict(saved["flat"])
+        assert optimizer.param_groups[0]["lr"] == expected and flat.lr == expected
+
+
 class CountingEnvs:
     """envpool stand-in: the observation is the running sum of each env's actions, restarted by `reset`."""
 
@@ -586,6 +450,15 @@ def test_a_fresh_resume_steps_nothing_counts_the_dropped_games_and_leaves_the_sc
     assert "through 20 logged agent steps (10 steps of 2 envs)" in capsys.readouterr().out
 
 
+def test_fresh_environments_far_into_a_run_get_a_seed_envpool_takes(tmp_path):
+    seed = 2**31 - 2**16 - 1  # the largest seed the flags allow
+    with start(Args(seed=seed, checkpoint_every=1)) as run:
+        path = run.save(10**10, {"x": 1}, learned=())
+    args, checkpoint = resume(Args(resume=path, resume_fresh_envs=True), SCRIPT, FORMAT)
+    with Run(args, checkpoint, SCRIPT, FORMAT) as resumed:
+        assert resumed.env_seed == (seed + 10**10) % 2**31 and 0 <= resumed.env_seed < 2**31
+
+
 def test_a_signal_during_the_fast_forward_exits_at_once():
     class SignalledEnvs(CountingEnvs):
         def step(self, actions):
@@ -595,42 +468,6 @@ def test_a_signal_during_the_fast_forward_exits_at_once():
     with pytest.raises(SystemExit) as stop, start() as run:
         fast_forward(run, SignalledEnvs(), np.ones((100, 2), dtype=np.uint8), np.zeros(2))
     assert stop.value.code == 128 + signal.SIGTERM
-
-
-def test_episode_stats_counts_whole_episodes_without_the_reset_step():
-    stats = EpisodeStats(2)
-    steps = [  # reward, is_reset_step, episode_over
-        ([1.0, 1.0], [False, False], [False, False]),
-        ([2.0, 1.0], [False, False], [True, False]),
-        ([0.0, 5.0], [True, False], [False, True]),
-        ([1.0, 0.0], [False, True], [False, False]),
-    ]
-    finished = [stats.update(np.array(r), np.array(reset), np.array(over)) for r, reset, over in steps]
-    assert finished == [[], [(3.0, 2)], [(7.0, 3)], []]
-    assert stats.scores == [3.0, 7.0] and list(stats.returns) == [1.0, 0.0] and list(stats.lengths) == [1, 0]
-
-
-def test_a_model_file_and_a_checkpoint_are_not_taken_for_each_other(tmp_path):
-    from cleanrl_q_utils.checkpoint_files import content_digest, to_safe
-    from cleanrl_q_utils.model_files import read_model_file, save_weights
-
-    model = str(tmp_path / "toy.cleanrl_model")
-    save_weights(model, SCRIPT, Args(), nn.Linear(2, 2).state_dict())
-    with pytest.raises(SystemExit, match=r"^error: --resume=.*toy.cleanrl_model: a model file \(--save-model\), not a"):
-        resume(Args(resume=model), SCRIPT, FORMAT)
-    with start(Args(checkpoint_every=1)) as run:
-        path = run.save(3, {"x": 1}, learned=())
-    with pytest.raises(SystemExit, match=r"^error: --model-path=.*checkpoint.pt: a checkpoint, not a model file"):
-        read_model_file(path)
-    # A file crafted with a valid checksum but a flag of the wrong type is refused before anything uses the flag.
-    crafted = read_checkpoint(path)
-    crafted["args"]["learning_rate"] = "0.1; rm -rf /"
-    crafted["digest"] = content_digest({key: value for key, value in crafted.items() if key != "digest"})
-    torch.save(to_safe(crafted), path)
-    with pytest.raises(
-        SystemExit, match=r"^error: --resume=.*: not a readable checkpoint \(ValueError: its flag learning_rate"
-    ):
-        resume(Args(resume=path), SCRIPT, FORMAT)
 
 
 def test_a_long_fast_forward_says_how_long_it_takes_and_shows_its_progress(monkeypatch, capsys):
@@ -654,59 +491,3 @@ def test_a_long_fast_forward_says_how_long_it_takes_and_shows_its_progress(monke
     )
     assert re.fullmatch(r"resume: fast-forwarded \d+/400 agent steps \(\d+%\), 00:0\d:\d\d left", lines[1]) and len(lines) > 4
     assert lines[-1].startswith("resume: fast-forward done in 00:0")
-
-
-def test_a_learning_rate_given_on_resume_is_the_one_the_restored_optimizer_steps_with(monkeypatch):
-    from cleanrl_q_utils.flat_radam import RAdam
-
-    def make():
-        network = nn.Linear(4, 2)
-        return torch.optim.Adam(network.parameters(), lr=0.5), RAdam(torch.zeros(3), lr=0.5)
-
-    optimizer, flat = make()
-    with start(Args(learning_rate=0.5)) as run:
-        path = run.save(4, {"optimizer": optimizer.state_dict(), "flat": flat.state_dict()}, learned=("optimizer", "flat"))
-    for given, expected in ((["--learning-rate", "0.01"], 0.01), ([], 0.5)):  # not given: the checkpoint's step size
-        monkeypatch.setattr(sys, "argv", ["toy.py", "--resume", path, *given])
-        args, checkpoint = resume(Args(resume=path, learning_rate=0.01 if given else 0.5), SCRIPT, FORMAT)
-        optimizer, flat = make()  # built with args.learning_rate, as a script does, then restored
-        with Run(args, checkpoint, SCRIPT, FORMAT) as resumed, resumed.restoring() as saved:
-            optimizer.load_state_dict(saved["optimizer"])
-            flat.load_state_dict(saved["flat"])
-        assert optimizer.param_groups[0]["lr"] == expected and flat.lr == expected
-
-
-def test_gymnasium_saying_a_stopped_recording_was_not_saved_is_silenced():
-    # In a child process: pytest's own warning filters (pyproject.toml) would hide the warning anyway.
-    code = (
-        "import warnings, cleanrl_q_utils.environments\n"  # what gymnasium's RecordVideo warns when collected unclosed
-        "warnings.warn('\\x1b[33mWARN: Unable to save last video! Did you call close()?\\x1b[0m', UserWarning)\n"
-        "warnings.warn('another warning', UserWarning)\n"
-    )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
-    assert done.returncode == 0 and "another warning" in done.stderr and "video" not in done.stderr, done.stderr
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings")
-def test_cpu_runs_reuse_the_memory_of_freed_tensors_instead_of_faulting_it_in_again():
-    # IQN's target pass in miniature: tensors of 32 x 40 x 1024 floats made and freed at every call, counted in a child
-    # process whose allocator starts untouched. Without the setting pick_device makes on the CPU, glibc's default
-    # faults in 26k to 53k pages over these 20 calls (measured); one 5 MiB tensor faulted in again is 1,280.
-    code = (
-        "import resource, torch\n"
-        "from cleanrl_q_utils import run_folder\n"
-        "run_folder.pick_device(cuda=False, cpu_threads=1)\n"
-        "embed, head = torch.nn.Linear(64, 1024), torch.nn.Linear(1024, 128)\n"
-        "def forward():\n"
-        "    with torch.no_grad():\n"
-        "        return head(torch.rand(32, 1, 1024) * embed(torch.rand(32, 40, 64)).relu())\n"
-        "for _ in range(3): forward()\n"  # the heap grows to its working size
-        "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
-        "for _ in range(20): forward()\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n"
-    )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert int(done.stdout) < 1280
