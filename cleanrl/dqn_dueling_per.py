@@ -192,8 +192,6 @@ def validate_args(args: Args) -> list:
                 not is_atari(args.env_id) or args.buffer_size // args.num_envs >= ring_min,
                 in_ring,
             ),
-            # `linear_schedule` divides by the decay's length.
-            ("exploration_fraction", args.exploration_fraction, args.exploration_fraction > 0, "must be in (0, 1]"),
         ]
     )
     spec = flag_checks.check_env_id(args.env_id)
@@ -543,8 +541,12 @@ def weighted_huber_loss(q_taken, targets, weights) -> torch.Tensor:
     return (weights * F.smooth_l1_loss(q_taken, targets, reduction="none")).mean()
 
 
-def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
-    return start + (end - start) * min(t / duration, 1.0)
+def linear_schedule(start: float, end: float, duration: float, t):
+    """Linear from `start` at agent step 0 to `end` at step `duration`, then `end`; a `duration` of 0 is `end` from the
+    first step. `t` is a step or an array of steps; the result (float64) has its shape."""
+    t = np.asarray(t, dtype=np.float64)
+    value = start + (end - start) * t / duration if duration > 0 else np.full_like(t, end)
+    return np.clip(value, min(start, end), max(start, end))
 
 
 def act(q_network: nn.Module, obs: np.ndarray, epsilon: float, num_actions: int, device: torch.device) -> np.ndarray:

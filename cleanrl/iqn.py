@@ -142,8 +142,6 @@ MINATAR_DEFAULTS = dict(
 def validate_args(args: Args) -> list:
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=False)
-    if args.exploration_fraction == 0:  # `linear_schedule` divides by the decay's length
-        flag_checks.flag_error("exploration_fraction", args.exploration_fraction, "must be in (0, 1]")
     if args.learning_starts < args.batch_size:
         flag_checks.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 4):
@@ -333,8 +331,12 @@ def n_step_targets(rewards, terminated, continues, gamma: float) -> tuple[np.nda
     return returns.astype(np.float32), discounts.astype(np.float32), num_steps.astype(np.int64)
 
 
-def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
-    return max(end_e, start_e + (end_e - start_e) * t / duration)
+def linear_schedule(start: float, end: float, duration: float, t):
+    """Linear from `start` at agent step 0 to `end` at step `duration`, then `end`; a `duration` of 0 is `end` from the
+    first step. `t` is a step or an array of steps; the result (float64) has its shape."""
+    t = np.asarray(t, dtype=np.float64)
+    value = start + (end - start) * t / duration if duration > 0 else np.full_like(t, end)
+    return np.clip(value, min(start, end), max(start, end))
 
 
 def crossed(step: int, num_envs: int, every: int) -> int:

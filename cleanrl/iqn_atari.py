@@ -115,8 +115,6 @@ class Args:
 def validate_args(args: Args) -> list:
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=True)
-    if args.exploration_fraction == 0:  # `linear_schedule` divides by the decay's length
-        flag_checks.flag_error("exploration_fraction", args.exploration_fraction, "must be in (0, 1]")
     if args.learning_starts < args.batch_size:
         flag_checks.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 2 * STACK_NUM + 2):
@@ -327,10 +325,12 @@ def n_step_targets(rewards, terminated, continues, gamma: float) -> tuple[np.nda
     return returns.astype(np.float32), discounts.astype(np.float32), num_steps.astype(np.int64)
 
 
-def linear_schedule(start_e: float, end_e: float, duration: float, t: int, warmup: int) -> float:
-    """Dopamine's `linearly_decaying_epsilon`: `start_e` up to step `warmup` (the end of the uniform-random warm-up,
-    `learning_starts`), then linear to `end_e` over the next `duration` steps, then `end_e`."""
-    return max(end_e, start_e + (end_e - start_e) * max(t - warmup, 0) / duration)
+def linear_schedule(start: float, end: float, duration: float, t):
+    """Linear from `start` at agent step 0 to `end` at step `duration`, then `end`; a `duration` of 0 is `end` from the
+    first step. `t` is a step or an array of steps; the result (float64) has its shape."""
+    t = np.asarray(t, dtype=np.float64)
+    value = start + (end - start) * t / duration if duration > 0 else np.full_like(t, end)
+    return np.clip(value, min(start, end), max(start, end))
 
 
 def crossed(step: int, num_envs: int, every: int) -> int:
@@ -441,7 +441,8 @@ def main(args: Args) -> list[float]:
         for iteration in range(iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
             decay_steps = args.exploration_fraction * args.total_timesteps
-            epsilon = linear_schedule(args.start_e, args.end_e, decay_steps, global_step, args.learning_starts)
+            # as Dopamine's `linearly_decaying_epsilon`: the decay starts at the end of the uniform-random warm-up
+            epsilon = linear_schedule(args.start_e, args.end_e, decay_steps, max(global_step - args.learning_starts, 0))
             actions = act(q_network, obs, epsilon, args.num_quantile_samples, warm_up=global_step <= args.learning_starts)
             action_log[iteration - 1] = actions
             next_obs, rewards, terminated, truncated, infos = envs.step(actions)

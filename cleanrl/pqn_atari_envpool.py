@@ -191,7 +191,6 @@ def validate_args(args: Args) -> list:
         [
             ("num_minibatches", args.num_minibatches, batch_size % args.num_minibatches == 0, f"must divide {batch}"),
             ("total_timesteps", args.total_timesteps, args.total_timesteps >= batch_size, f"must be at least {batch}"),
-            ("exploration_fraction", args.exploration_fraction, args.exploration_fraction > 0, "must be in (0, 1]"),
             ("td_loss_coef", args.td_loss_coef, 0 < args.td_loss_coef < float("inf"), "must be a number > 0"),
             ("conv_layer_norm", args.conv_layer_norm, args.conv_layer_norm in LAYER_NORMS, "feature_map or channels"),
         ]
@@ -257,9 +256,12 @@ class QNetwork(nn.Module):
         return self.network(x.float() / 255.0)
 
 
-def linear_schedule(start: float, end: float, duration: float, t: np.ndarray) -> np.ndarray:
-    """Linear decay from `start` to `end` over `duration` steps, constant afterwards; `t` may be an array."""
-    return np.maximum(start + (end - start) * np.asarray(t, dtype=np.float64) / duration, min(start, end))
+def linear_schedule(start: float, end: float, duration: float, t):
+    """Linear from `start` at agent step 0 to `end` at step `duration`, then `end`; a `duration` of 0 is `end` from the
+    first step. `t` is a step or an array of steps; the result (float64) has its shape."""
+    t = np.asarray(t, dtype=np.float64)
+    value = start + (end - start) * t / duration if duration > 0 else np.full_like(t, end)
+    return np.clip(value, min(start, end), max(start, end))
 
 
 def q_lambda_returns(

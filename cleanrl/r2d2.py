@@ -437,6 +437,14 @@ def target_copies(args: Args) -> int:
     return updates // args.target_network_frequency
 
 
+def linear_schedule(start: float, end: float, duration: float, t):
+    """Linear from `start` at agent step 0 to `end` at step `duration`, then `end`; a `duration` of 0 is `end` from the
+    first step. `t` is a step or an array of steps; the result (float64) has its shape."""
+    t = np.asarray(t, dtype=np.float64)
+    value = start + (end - start) * t / duration if duration > 0 else np.full_like(t, end)
+    return np.clip(value, min(start, end), max(start, end))
+
+
 def actor_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
     """eps_i = base^(1 + alpha i / (N - 1)); a single actor gets `base`."""
     fraction = np.arange(num_envs) / max(num_envs - 1, 1)
@@ -600,8 +608,10 @@ def main(args: Args) -> list[float]:
             keep = torch.as_tensor(~is_first, device=device).float().unsqueeze(-1)
             h, c = h * keep, c * keep  # episode start: zero state, no previous action or reward
             last_action, last_reward = np.where(is_first, -1, last_action), np.where(is_first, 0, last_reward)
-            decay = min(global_step / max(args.exploration_fraction * args.total_timesteps, 1), 1.0)
-            epsilons = actor_epsilons(num_envs, args.start_e + decay * (args.end_e - args.start_e), args.epsilon_alpha)
+            base_epsilon = linear_schedule(
+                args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+            )
+            epsilons = actor_epsilons(num_envs, base_epsilon, args.epsilon_alpha)
             observed = observe(obs, args.mask_velocity)
             with torch.no_grad():
                 q, (next_h, next_c) = q_network(*to_step_inputs(observed, last_action, last_reward, is_first, device), (h, c))

@@ -433,10 +433,12 @@ def inverse_value_rescale(x, eps=1e-3):
     return torch.sign(x) * ((2 * (x.abs() + 1 + eps) / (1 + torch.sqrt(1 + 4 * eps * (x.abs() + 1 + eps)))) ** 2 - 1)
 
 
-def base_epsilon_schedule(global_step, total_timesteps, start=0.4, end=0.01, fraction=0.5):
-    """The base of the per-actor epsilons: linear from `start` to `end` over `fraction` of training."""
-    progress = min(global_step / max(fraction * total_timesteps, 1), 1.0)  # fraction 0: end at once
-    return start + progress * (end - start)
+def linear_schedule(start: float, end: float, duration: float, t):
+    """Linear from `start` at agent step 0 to `end` at step `duration`, then `end`; a `duration` of 0 is `end` from the
+    first step. `t` is a step or an array of steps; the result (float64) has its shape."""
+    t = np.asarray(t, dtype=np.float64)
+    value = start + (end - start) * t / duration if duration > 0 else np.full_like(t, end)
+    return np.clip(value, min(start, end), max(start, end))
 
 
 def actor_epsilons(num_envs, base_epsilon, alpha=7.0, min_epsilon=0.01):
@@ -641,8 +643,8 @@ def main(args: Args) -> list[float]:
         epsilon_floor = args.end_e if args.min_epsilon is None else args.min_epsilon
         for iteration in range(start_iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
-            base_epsilon = base_epsilon_schedule(
-                global_step, args.total_timesteps, args.start_e, args.end_e, args.exploration_fraction
+            base_epsilon = linear_schedule(
+                args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
             )
             epsilons = actor_epsilons(args.num_envs, base_epsilon, args.epsilon_alpha, epsilon_floor)
             state_before, inputs = agent.state, agent.inputs()

@@ -60,7 +60,9 @@ def test_n_step_targets_stop_at_episode_ends(module):
 
 @pytest.mark.parametrize("module", MODULES)
 def test_actor_epsilons_and_base_schedule(module):
-    f = module.base_epsilon_schedule
+    def f(step, total):  # the base schedule as main computes it with the default flags' shape: half of training
+        return module.linear_schedule(0.4, 0.01, 0.5 * total, step)
+
     assert f(0, 1000) == pytest.approx(0.4)
     assert f(250, 1000) == pytest.approx(0.205)  # halfway through the decay
     assert f(500, 1000) == pytest.approx(0.01) and f(1000, 1000) == pytest.approx(0.01)
