@@ -620,7 +620,7 @@ def main(args: Args) -> list[float]:
         obs, _ = envs.reset()
         is_reset_step = np.zeros(args.num_envs, dtype=bool)
         losses, q_means = torch.zeros(100, device=device), torch.zeros(100, device=device)  # read only when logged
-        iteration, updates, last_target_update, learning_starts = 0, 0, 0, args.learning_starts
+        iteration, updates, last_target_update, learn_from = 0, 0, 0, args.learning_starts  # updates once past learn_from
 
         def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
             learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
@@ -635,8 +635,8 @@ def main(args: Args) -> list[float]:
             saved = run.restore(checkpoint_state())
             iteration, updates, last_target_update = saved["iteration"], saved["updates"], saved["last_target_update"]
             if saved["rb"] is None:  # an empty buffer: act for another learning_starts steps before sampling from it
-                learning_starts = iteration * args.num_envs + args.learning_starts
-                run.note_empty_replay(learning_starts)
+                learn_from = iteration * args.num_envs + args.learning_starts
+                run.note_empty_replay(learn_from)
             envs, obs = run.fast_forward(envs, action_log[:iteration], obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
                 is_reset_step[:] = True
@@ -661,7 +661,7 @@ def main(args: Args) -> list[float]:
             rb.add(*window.push(held, actions, rewards, terminated, truncated, next_held, is_reset_step))
             obs, is_reset_step = next_obs, terminated | truncated
 
-            if global_step > learning_starts and global_step % args.train_frequency == 0:
+            if global_step > learn_from and global_step % args.train_frequency == 0:
                 beta = linear_schedule(args.prioritized_replay_beta, 1.0, args.total_timesteps, global_step)
                 batch, indices, weights = rb.sample(args.batch_size, beta)
                 b_obs, b_actions, b_returns, b_discounts, b_next_obs = (torch.as_tensor(x, device=device) for x in batch)

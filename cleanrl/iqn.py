@@ -418,7 +418,7 @@ def main(args: Args) -> list[float]:
         stats = episode_scores.EpisodeStats(args.num_envs)
         obs, _ = envs.reset()  # envpool is seeded at construction
         is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
-        iteration, updates, learn_after = 0, 0, args.learning_starts  # updates run once global_step > learn_after
+        iteration, updates, learn_from = 0, 0, args.learning_starts  # updates once past learn_from
 
         def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
             learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
@@ -434,8 +434,8 @@ def main(args: Args) -> list[float]:
                 is_reset_step[:] = True
                 stats.drop_games_in_progress()
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
-                learn_after = iteration * args.num_envs + args.learning_starts
-                run.note_empty_replay(learn_after)
+                learn_from = iteration * args.num_envs + args.learning_starts
+                run.note_empty_replay(learn_from)
         progress = run.progress(iteration * args.num_envs)
         for iteration in range(iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
@@ -448,7 +448,7 @@ def main(args: Args) -> list[float]:
             stats.update(rewards, is_reset_step, terminated | truncated, run.writer, global_step)  # time-outs too
             obs, is_reset_step = next_obs, terminated | truncated
 
-            if global_step > learn_after:
+            if global_step > learn_from:
                 if args.anneal_lr:
                     optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
                 for _ in range(crossed(global_step, args.num_envs, args.train_frequency)):

@@ -418,7 +418,7 @@ def main(args: Args) -> list[float]:
         is_first = np.ones(args.num_envs, dtype=bool)  # o_t is the first observation of a game (not of a life)
         is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
         next_is_first = np.zeros(args.num_envs, dtype=bool)  # the observation after that reset step starts a game
-        iteration, updates, learn_after = 0, 0, args.learning_starts  # updates run once global_step > learn_after
+        iteration, updates, learn_from = 0, 0, args.learning_starts  # updates once past learn_from
 
         def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
             learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
@@ -435,8 +435,8 @@ def main(args: Args) -> list[float]:
                 stats.drop_games_in_progress()
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
                 rb.add_history(obs)
-                learn_after = iteration * args.num_envs + args.learning_starts
-                run.note_empty_replay(learn_after)
+                learn_from = iteration * args.num_envs + args.learning_starts
+                run.note_empty_replay(learn_from)
         progress = run.progress(iteration * args.num_envs)
         for iteration in range(iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
@@ -453,7 +453,7 @@ def main(args: Args) -> list[float]:
             stats.update(infos["reward"], is_reset_step, game_over, run.writer, global_step)
             obs, is_first, is_reset_step, next_is_first = next_obs, next_is_first, terminated | truncated, game_over
 
-            if global_step > learn_after:
+            if global_step > learn_from:
                 if args.anneal_lr:
                     optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
                 for _ in range(crossed(global_step, args.num_envs, args.train_frequency)):

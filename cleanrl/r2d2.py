@@ -579,7 +579,7 @@ def main(args: Args) -> list[float]:
         is_first, is_reset_step = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
         last_action, last_reward = np.full(num_envs, -1), np.zeros(num_envs, dtype=np.float32)
         stats = episode_scores.EpisodeStats(num_envs)
-        update_credit, updates, learn_from = 0.0, 0, args.learning_starts
+        update_credit, updates, learn_from = 0.0, 0, args.learning_starts  # updates once past learn_from
         num_iterations = args.total_timesteps // num_envs
         global_step = checkpoint["global_step"] if checkpoint else 0  # sets the log's length in checkpoint_state
         action_log = np.zeros((num_iterations, num_envs), dtype=np.min_scalar_type(num_actions - 1))

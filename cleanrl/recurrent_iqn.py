@@ -662,7 +662,7 @@ def main(args: Args) -> list[float]:
         loss_sums = torch.zeros(2, device=device)  # quantile loss and Q-value of the updates since the last log
         obs, _ = envs.reset()
         is_reset_step = np.zeros(args.num_envs, dtype=bool)
-        start_iteration, updates = 0, 0
+        start_iteration, updates, learn_from = 0, 0, args.learning_starts  # updates once past learn_from
 
         def checkpoint_state(iterations_done: int = num_iterations) -> dict:
             learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
@@ -678,8 +678,9 @@ def main(args: Args) -> list[float]:
                 is_reset_step[:] = agent.game_over[:] = True  # game_over: the new game's timestep restarts
                 stats.drop_games_in_progress()
                 rb.truncated[:, (rb.pos - 1) % rb.capacity] = True  # the cut is a time-out: targets bootstrap from obs
-            if not args.checkpoint_replay:  # the replay starts empty (rb.pos 0)
-                run.note_empty_replay(start_iteration * args.num_envs + args.learning_starts)
+            if not args.checkpoint_replay:  # the replay starts empty: collect again before learning
+                learn_from = start_iteration * args.num_envs + args.learning_starts
+                run.note_empty_replay(learn_from)
         progress = run.progress(start_iteration * args.num_envs, 1 / (update_every * args.num_envs))
         epsilon_floor = args.end_e if args.min_epsilon is None else args.min_epsilon
         for iteration in range(start_iteration + 1, num_iterations + 1):
@@ -699,8 +700,7 @@ def main(args: Args) -> list[float]:
             agent.observe(actions, reward, is_reset_step, game_over)
             is_reset_step, obs = terminated | truncated, next_obs
 
-            # Learning starts once the replay holds learning_starts steps: after a resume without it, again.
-            if rb.pos * args.num_envs > args.learning_starts and iteration % update_every == 0 and rb.num_valid() > 0:
+            if global_step > learn_from and iteration % update_every == 0 and rb.num_valid() > 0:
                 if args.anneal_lr:
                     optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
                 clip = functools.partial(run.clip_grad_norm, global_step=global_step)
