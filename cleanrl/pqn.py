@@ -332,7 +332,7 @@ def main(args: Args) -> list[float]:
         progress = run.progress(global_step)
         for iteration in range(start_iteration, num_iterations):
             if args.anneal_lr:
-                optimizer.lr = (1.0 - iteration / num_iterations) * args.learning_rate
+                optimizer.lr = args.learning_rate * (1.0 - global_step / args.total_timesteps)
             # Exploration draws for the whole rollout at once: one epsilon per step, decayed by global step.
             step_epsilons = linear_schedule(args.start_e, args.end_e, epsilon_duration, global_step + rollout_steps)
             explore = np.random.rand(args.num_steps, args.num_envs) < step_epsilons[:, None]

@@ -661,8 +661,9 @@ def main(args: Args) -> list[float]:
             is_reset_step, obs = terminated | truncated, next_obs
 
             if global_step > learn_from and iteration % update_every == 0 and rb.num_valid() > 0:
-                if args.anneal_lr:
-                    optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
+                if args.anneal_lr:  # from the steps taken before this vector step
+                    steps_before = global_step - args.num_envs
+                    optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - steps_before / args.total_timesteps)
                 clip = functools.partial(run.clip_grad_norm, global_step=global_step)
                 loss_sums += torch.stack(train_step(args, q_network, target_network, optimizer, rb, device, clip))
                 updates += 1
