@@ -40,6 +40,10 @@ envpool = classic_control.import_envpool()  # None off Linux (it has Linux wheel
 # The layout of checkpoint.pt, which a resume checks; 2: the state under one "state" entry, the buffer under "rb";
 # 3: the --adam-eps flag, and on Atari a replay that stores each frame once (FrameReplayBuffer)
 CHECKPOINT_FORMAT = 3
+# Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
+# so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
+# the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -558,13 +562,14 @@ def act(q_network: nn.Module, obs: np.ndarray, epsilon: float, num_actions: int,
 
 
 def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
-    """True scores (raw, all lives) of --eval-episodes whole games (--eval-epsilon) on training's envs seeded --seed + 1,
-    one per env; --capture-video plays them in turn on ale-py and records them to the run's videos/ folder."""
+    """True scores (raw, all lives) of --eval-episodes whole games (--eval-epsilon) on training's envs seeded
+    --seed + EVAL_SEED_OFFSET, one per env; --capture-video plays them in turn on ale-py and records them to the run's
+    videos/ folder."""
     spec = flag_checks.check_env_id(args.env_id)
     model = DuelingQNetwork(spec.observation_space.shape, spec.action_space.n, args.hidden_size).to(device)
     model_files.load_weights(model, model_path, device)
     model.eval()
-    seed, num_actions = args.seed + 1, spec.action_space.n
+    seed, num_actions = args.seed + EVAL_SEED_OFFSET, spec.action_space.n
     if args.capture_video:  # envpool does not render: a gymnasium env with the training preprocessing
         envs = gym.vector.SyncVectorEnv(
             [lambda: environments.make_video_env(args.env_id, video_folder, max_episode_steps=27000)]

@@ -35,6 +35,10 @@ envpool = classic_control.import_envpool()  # None off Linux (it has Linux wheel
 
 # The layout of checkpoint.pt, which a resume checks.
 CHECKPOINT_FORMAT = 2
+# Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
+# so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
+# the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -373,8 +377,9 @@ def act(q_network: QuantileNetwork, obs, epsilon: float, num_quantile_samples: i
 
 
 def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
-    """Scores of --eval-episodes episodes of the saved agent, epsilon-greedy (--eval-epsilon), on an env seeded --seed + 1."""
-    seed = args.seed + 1
+    """Scores of --eval-episodes episodes of the saved agent, epsilon-greedy (--eval-epsilon), on an env seeded
+    --seed + EVAL_SEED_OFFSET."""
+    seed = args.seed + EVAL_SEED_OFFSET
     if args.capture_video:
         envs = gym.vector.SyncVectorEnv([lambda: environments.make_video_env(args.env_id, video_folder)])
     else:

@@ -26,6 +26,10 @@ envpool = classic_control.import_envpool()  # None off Linux (Linux wheels only)
 
 # The layout of checkpoint.pt, which a resume checks.
 CHECKPOINT_FORMAT = 2
+# Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
+# so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
+# the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -368,10 +372,10 @@ def act(q_network: QuantileNetwork, obs, epsilon: float, num_quantile_samples: i
 
 def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
     """Plays `args.eval_episodes` whole games with the saved agent, epsilon-greedy with `args.eval_epsilon`, on the
-    training environment (seeded with `args.seed + 1`): a lost life ends an episode there and envpool serves the next
-    one with FIRE, as RLtime evaluates. Returns the true scores (raw rewards over all lives, up to the game's end).
-    --capture-video plays the same games on ale-py, which also presses FIRE after every lost life."""
-    seed = args.seed + 1
+    training environment (seeded with `args.seed + EVAL_SEED_OFFSET`): a lost life ends an episode there and envpool
+    serves the next one with FIRE, as RLtime evaluates. Returns the true scores (raw rewards over all lives, up to the
+    game's end). --capture-video plays the same games on ale-py, which also presses FIRE after every lost life."""
+    seed = args.seed + EVAL_SEED_OFFSET
     if args.capture_video:
         envs = gym.vector.SyncVectorEnv(
             [lambda: environments.make_video_env(args.env_id, video_folder, max_episode_steps=27_000)]

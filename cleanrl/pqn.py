@@ -36,6 +36,10 @@ envpool = classic_control.import_envpool()  # None off Linux (it has Linux wheel
 
 # The layout of checkpoint.pt, which a resume checks; 3: the state `main` lists in `checkpoint_state`
 CHECKPOINT_FORMAT = 3
+# Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
+# so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
+# the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -258,8 +262,8 @@ def evaluate(model_path: str, args: Args, device: torch.device, video_folder: st
     if args.capture_video:  # envpool does not render; a gymnasium env with the same dynamics records the video
         envs = gym.vector.SyncVectorEnv([lambda: environments.make_video_env(args.env_id, video_folder)])
     else:  # one environment per episode, so that short episodes are not over-represented
-        envs = make_env(args.env_id, args.eval_episodes, args.seed)
-    obs, _ = envs.reset(seed=args.seed) if args.capture_video else envs.reset()
+        envs = make_env(args.env_id, args.eval_episodes, args.seed + EVAL_SEED_OFFSET)
+    obs, _ = envs.reset(seed=args.seed + EVAL_SEED_OFFSET) if args.capture_video else envs.reset()
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)
     model = QNetwork(envs.single_observation_space.shape, num_actions).to(device)

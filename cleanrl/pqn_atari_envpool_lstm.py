@@ -30,6 +30,10 @@ envpool = classic_control.import_envpool()  # None off Linux (Linux wheels only)
 
 # The layout of checkpoint.pt, which a resume checks; 2: the state `main` lists in `checkpoint_state`
 CHECKPOINT_FORMAT = 2
+# Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
+# so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
+# the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -348,17 +352,18 @@ def train_on_rollout(
 
 
 def evaluate(model_path: str, args: Args, device: torch.device, video_folder: str = "videos/eval") -> list[float]:
-    """Plays `args.eval_episodes` whole games with a saved model on the training environment (seeded with `args.seed + 1`),
-    as purejaxql's test environments: a lost life ends an episode and envpool serves the next with FIRE; the recurrent
-    state is zeroed at every life start, as in training. Returns the true scores (raw rewards over all lives).
-    --capture-video plays them on ale-py, which also presses FIRE after a lost life (there no episode end)."""
+    """Plays `args.eval_episodes` whole games with a saved model on the training environment (seeded with
+    `args.seed + EVAL_SEED_OFFSET`), as purejaxql's test environments: a lost life ends an episode and envpool serves
+    the next with FIRE; the recurrent state is zeroed at every life start, as in training. Returns the true scores
+    (raw rewards over all lives). --capture-video plays them on ale-py, which also presses FIRE after a lost life
+    (there no episode end)."""
     if args.capture_video:
         envs = gym.vector.SyncVectorEnv(
             [lambda: environments.make_video_env(args.env_id, video_folder, 1, max_episode_steps=27_000)]
         )
-        obs, _ = envs.reset(seed=args.seed + 1)
+        obs, _ = envs.reset(seed=args.seed + EVAL_SEED_OFFSET)
     else:  # one environment per game, so that short games are not over-represented
-        envs = make_env(args.env_id, args.eval_episodes, args.seed + 1)
+        envs = make_env(args.env_id, args.eval_episodes, args.seed + EVAL_SEED_OFFSET)
         obs, _ = envs.reset()
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)

@@ -38,6 +38,10 @@ envpool = classic_control.import_envpool()  # None off Linux (it has Linux wheel
 # The layout of checkpoint.pt, which a resume checks; 3: the burn-in is a prefix before --seq-len trained steps,
 # and --sequence-period sets how often a sequence starts; 4: the replay keeps the actors' Q-values, not a max priority
 CHECKPOINT_FORMAT = 4
+# Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
+# so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
+# the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -531,14 +535,21 @@ def play(model, envs, obs, mask_velocity: bool, device, epsilon: float) -> list[
 def evaluate(model_path: str, args: Args, device, video_folder: str) -> list[float]:
     """Runs a saved model for one episode on each of `args.eval_episodes` fresh environments; returns their game
     scores. --capture-video records one more episode through gymnasium's renderer (envpool does not render)."""
-    envs = make_env(args.env_id, args.eval_episodes, args.seed + 100)
+    envs = make_env(args.env_id, args.eval_episodes, args.seed + EVAL_SEED_OFFSET)
     obs, _ = envs.reset()
     model = QNetwork(observe(obs, args.mask_velocity).shape[1:], int(envs.single_action_space.n), args.lstm_size).to(device)
     model_files.load_weights(model, model_path, device)
     scores = play(model, envs, obs, args.mask_velocity, device, args.eval_epsilon)
     if args.capture_video:
         video_env = gym.vector.SyncVectorEnv([lambda: environments.make_video_env(args.env_id, video_folder)])
-        play(model, video_env, video_env.reset(seed=0)[0], args.mask_velocity, device, args.eval_epsilon)
+        play(
+            model,
+            video_env,
+            video_env.reset(seed=args.seed + EVAL_SEED_OFFSET)[0],
+            args.mask_velocity,
+            device,
+            args.eval_epsilon,
+        )
         video_env.close()
     return scores
 

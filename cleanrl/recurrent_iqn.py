@@ -38,6 +38,10 @@ envpool = classic_control.import_envpool()  # None off Linux (it has Linux wheel
 
 # The layout of checkpoint.pt, which a resume checks; 3: replay windows with the burn-in before them; the IQN-before-LSTM layer
 CHECKPOINT_FORMAT = 3
+# Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
+# so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
+# the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -602,14 +606,14 @@ def evaluate(model_path, args, device, video_folder="videos/eval"):
         env = environments.make_video_env(args.env_id, video_folder)
         envs = gym.vector.SyncVectorEnv([lambda: hide_velocity(env) if args.mask_velocity else env])  # as in training
     else:
-        envs = make_env(args.env_id, num_envs, args.seed + 1000, args.mask_velocity, args.max_episode_steps)
+        envs = make_env(args.env_id, num_envs, args.seed + EVAL_SEED_OFFSET, args.mask_velocity, args.max_episode_steps)
     q_network = QNetwork(envs.single_observation_space.shape, int(envs.single_action_space.n), args).to(device)
     model_files.load_weights(q_network, model_path, device)
     q_network.eval()
     agent = Agent(q_network, num_envs, args, device)
     quota = np.array([eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)])
     scores, score = [], np.zeros(num_envs)
-    obs, _ = envs.reset()
+    obs, _ = envs.reset(seed=args.seed + EVAL_SEED_OFFSET) if args.capture_video else envs.reset()
     is_reset_step = np.zeros(num_envs, dtype=bool)
     while len(scores) < eval_episodes:
         actions = agent.act(obs, args.eval_epsilon)

@@ -29,6 +29,10 @@ envpool = classic_control.import_envpool()  # None off Linux (Linux wheels only)
 
 # The layout of checkpoint.pt, which a resume checks; 3: replay windows with the burn-in before them; the IQN-before-LSTM layer
 CHECKPOINT_FORMAT = 3
+# Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
+# so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
+# the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -561,14 +565,14 @@ def evaluate(model_path, args, device, video_folder="videos/eval"):
         env = environments.make_video_env(args.env_id, video_folder, frame_stack=1, max_episode_steps=args.max_episode_steps)
         envs = gym.vector.SyncVectorEnv([lambda: env])
     else:
-        envs = make_env(args.env_id, num_envs, args.seed + 1000, args.max_episode_steps, not args.value_rescaling)
+        envs = make_env(args.env_id, num_envs, args.seed + EVAL_SEED_OFFSET, args.max_episode_steps, not args.value_rescaling)
     q_network = QNetwork(int(envs.single_action_space.n), args).to(device)  # envpool and gymnasium both have it
     model_files.load_weights(q_network, model_path, device)
     q_network.eval()
     agent = Agent(q_network, num_envs, args, device)
     quota = np.array([eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)])
     scores, score = [], np.zeros(num_envs)
-    obs, info = envs.reset()
+    obs, info = envs.reset(seed=args.seed + EVAL_SEED_OFFSET) if args.capture_video else envs.reset()
     is_reset_step = np.zeros(num_envs, dtype=bool)
     while len(scores) < eval_episodes:
         actions = agent.act(obs.reshape(num_envs, 1, 84, 84), args.eval_epsilon)
