@@ -167,7 +167,7 @@ def validate_args(args: Args) -> list:
         ("total_timesteps", args.total_timesteps, args.total_timesteps >= args.num_envs, "at least --num-envs"),
     ]
     flag_checks.check_flags(checks)
-    obs_shape = observe(np.zeros((1, *spec.observation_space.shape)), args.mask_velocity).shape[1:]
+    obs_shape = hide_velocity(np.zeros((1, *spec.observation_space.shape)), args.mask_velocity).shape[1:]
     return flag_checks.check_run_memory(args, memory_needs(args, obs_shape, spec.action_space.n, spec.observation_space.dtype))
 
 
@@ -213,7 +213,7 @@ def make_env(env_id: str, num_envs: int, seed: int):
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
 
 
-def observe(obs: np.ndarray, mask_velocity: bool) -> np.ndarray:
+def hide_velocity(obs: np.ndarray, mask_velocity: bool) -> np.ndarray:
     """CartPole's observation is (x, x_dot, theta, theta_dot); the memory task keeps (x, theta)."""
     return obs[:, [0, 2]] if mask_velocity else obs
 
@@ -520,7 +520,7 @@ def play(model, envs, obs, mask_velocity: bool, device, epsilon: float) -> list[
     last_action, last_reward = np.full(n, -1), np.zeros(n, dtype=np.float32)
     scores, returns, finished = [], np.zeros(n), np.zeros(n, dtype=bool)
     while not finished.all():
-        inputs = to_step_inputs(observe(obs, mask_velocity), last_action, last_reward, np.zeros(n, bool), device)
+        inputs = to_step_inputs(hide_velocity(obs, mask_velocity), last_action, last_reward, np.zeros(n, bool), device)
         q, state = model(*inputs, state)
         explore = np.random.random(n) < epsilon
         actions = np.where(explore, np.random.randint(model.num_actions, size=n), q[0].argmax(-1).cpu().numpy())
@@ -537,7 +537,9 @@ def evaluate(model_path: str, args: Args, device, video_folder: str) -> list[flo
     scores. --capture-video records one more episode through gymnasium's renderer (envpool does not render)."""
     envs = make_env(args.env_id, args.eval_episodes, args.seed + EVAL_SEED_OFFSET)
     obs, _ = envs.reset()
-    model = QNetwork(observe(obs, args.mask_velocity).shape[1:], int(envs.single_action_space.n), args.lstm_size).to(device)
+    model = QNetwork(hide_velocity(obs, args.mask_velocity).shape[1:], int(envs.single_action_space.n), args.lstm_size).to(
+        device
+    )
     model_files.load_weights(model, model_path, device)
     scores = play(model, envs, obs, args.mask_velocity, device, args.eval_epsilon)
     if args.capture_video:
@@ -573,7 +575,7 @@ def main(args: Args) -> list[float]:
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         num_envs, num_actions = args.num_envs, int(envs.single_action_space.n)
         obs, _ = envs.reset()  # the raw observation: resume checks the replayed environments against it
-        obs_shape = observe(obs, args.mask_velocity).shape[1:]
+        obs_shape = hide_velocity(obs, args.mask_velocity).shape[1:]
         q_network = QNetwork(obs_shape, num_actions, args.lstm_size).to(device)
         target_network = QNetwork(obs_shape, num_actions, args.lstm_size).to(device)
         print(f"  torso: {q_network.torso_name}")
@@ -623,16 +625,18 @@ def main(args: Args) -> list[float]:
                 args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
             )
             epsilons = actor_epsilons(num_envs, base_epsilon, args.epsilon_alpha)
-            observed = observe(obs, args.mask_velocity)
+            visible_obs = hide_velocity(obs, args.mask_velocity)
             with torch.no_grad():
-                q, (next_h, next_c) = q_network(*to_step_inputs(observed, last_action, last_reward, is_first, device), (h, c))
+                q, (next_h, next_c) = q_network(
+                    *to_step_inputs(visible_obs, last_action, last_reward, is_first, device), (h, c)
+                )
             explore = rng.random(num_envs) < epsilons
             acting_q = q[0].cpu().numpy()
             actions = np.where(explore, rng.integers(num_actions, size=num_envs), acting_q.argmax(-1))
             next_obs, reward, terminated, truncated, _ = envs.step(actions)
             action_log[iteration] = actions
             rb.add(
-                observed,
+                visible_obs,
                 actions,
                 reward,
                 terminated,

@@ -528,7 +528,7 @@ class Agent:
         explore = np.random.rand(num_envs) < epsilons
         return np.where(explore, np.random.randint(self.q_network.num_actions, size=num_envs), actions)
 
-    def observe(self, actions, reward, is_reset_step, game_over):
+    def update_inputs(self, actions, reward, is_reset_step, game_over):
         """After a step: the next frame's extra inputs. A reset step's frame starts a new episode (or life);
         the timestep restarts only with a new game."""
         self.game_steps = np.where(is_reset_step & self.game_over, 0, self.game_steps + ~is_reset_step)
@@ -624,7 +624,7 @@ def evaluate(model_path, args, device, video_folder="videos/eval"):
             scores.append(float(score[i]))
             quota[i] -= 1
         score[game_over] = 0.0
-        agent.observe(actions, reward, is_reset_step, game_over)
+        agent.update_inputs(actions, reward, is_reset_step, game_over)
         is_reset_step = game_over
     envs.close()
     return scores
@@ -701,7 +701,7 @@ def main(args: Args) -> list[float]:
             rb.add(state_before, **step, is_reset_step=is_reset_step, **inputs)
             game_over = terminated | truncated
             stats.update(reward, is_reset_step, game_over, run.writer, global_step)
-            agent.observe(actions, reward, is_reset_step, game_over)
+            agent.update_inputs(actions, reward, is_reset_step, game_over)
             is_reset_step, obs = terminated | truncated, next_obs
 
             if global_step > learn_from and iteration % update_every == 0 and rb.num_valid() > 0:

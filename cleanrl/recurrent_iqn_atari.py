@@ -486,7 +486,7 @@ class Agent:
         explore = np.random.rand(num_envs) < epsilons
         return np.where(explore, np.random.randint(self.q_network.num_actions, size=num_envs), actions)
 
-    def observe(self, actions, reward, is_reset_step, game_over):
+    def update_inputs(self, actions, reward, is_reset_step, game_over):
         """After a step: the next frame's extra inputs. A reset step's frame starts a new episode (or life);
         the timestep restarts only with a new game."""
         self.game_steps = np.where(is_reset_step & self.game_over, 0, self.game_steps + ~is_reset_step)
@@ -584,9 +584,9 @@ def evaluate(model_path, args, device, video_folder="videos/eval"):
             scores.append(float(score[i]))
             quota[i] -= 1
         score[game_over] = 0.0
-        agent.observe(actions, reward, is_reset_step, game_over)
+        agent.update_inputs(actions, reward, is_reset_step, game_over)
         if args.capture_video and info["lives"][0] < lives[0] and not game_over[0]:  # ale-py has no reset step
-            agent.observe(actions, reward, np.ones(1, dtype=bool), game_over)  # after a lost life: play one as training
+            agent.update_inputs(actions, reward, np.ones(1, dtype=bool), game_over)  # after a lost life: play one as training
         is_reset_step = terminated | truncated
     envs.close()
     return scores
@@ -661,7 +661,7 @@ def main(args: Args) -> list[float]:
             rb.add(state_before, **step, is_reset_step=is_reset_step, **inputs)
             game_over = info["terminated"].astype(bool) | truncated  # true score: raw rewards of all lives, to game end
             stats.update(info["reward"], is_reset_step, game_over, run.writer, global_step)
-            agent.observe(actions, reward, is_reset_step, game_over)
+            agent.update_inputs(actions, reward, is_reset_step, game_over)
             is_reset_step, obs = terminated | truncated, next_obs
 
             if global_step > learn_from and iteration % update_every == 0 and rb.num_valid() > 0:
