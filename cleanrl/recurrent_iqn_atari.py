@@ -324,16 +324,16 @@ class SequenceReplay:
         self.priorities = SegmentTree(N * self.num_windows) if args.prioritized_replay else None
         self.max_priority = 1.0
 
-    def add(self, state, **slot):
+    def add(self, state, **fields):
         """Writes one step of every environment; `state` (h, c) is the state before o_t (kept where a burn-in starts)."""
-        t = self.pos % self.capacity
-        if (t + self.burn_in) % self.seq_len == 0:
-            window = (t + self.burn_in) // self.seq_len % self.num_windows
+        slot = self.pos % self.capacity
+        if (slot + self.burn_in) % self.seq_len == 0:
+            window = (slot + self.burn_in) // self.seq_len % self.num_windows
             self.state[:, window] = torch.stack(state, 1)
             if self.priorities is not None:  # the old window here is being overwritten
                 self.priorities.update(self.window_ids(window), 0.0)
-        for key, value in slot.items():
-            getattr(self, key)[:, t] = value
+        for key, value in fields.items():
+            getattr(self, key)[:, slot] = value
         self.pos += 1
         done = self.pos - self.window + self.burn_in  # first trained slot of the window that just became complete
         if self.priorities is not None and done >= self.burn_in and done % self.seq_len == 0:
