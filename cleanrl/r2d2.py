@@ -450,10 +450,10 @@ def linear_schedule(start: float, end: float, duration: float, t):
     return np.clip(value, min(start, end), max(start, end))
 
 
-def actor_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
-    """eps_i = base^(1 + alpha i / (N - 1)); a single actor gets `base`."""
+def actor_epsilons(num_envs: int, base_epsilon: float = 0.4, alpha: float = 7.0) -> np.ndarray:
+    """eps_i = base_epsilon^(1 + alpha i / (N - 1)); a single actor gets `base_epsilon`."""
     fraction = np.arange(num_envs) / max(num_envs - 1, 1)
-    return base ** (1 + alpha * fraction)
+    return base_epsilon ** (1 + alpha * fraction)
 
 
 def n_step_returns(rewards, done, terminated, steps: int, n_step: int, gamma: float):
