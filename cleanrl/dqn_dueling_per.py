@@ -625,7 +625,12 @@ def main(args: Args) -> list[float]:
         obs, _ = envs.reset()
         is_reset_step = np.zeros(args.num_envs, dtype=bool)
         losses, q_means = torch.zeros(100, device=device), torch.zeros(100, device=device)  # read only when logged
-        iteration, updates, last_target_update, learn_from = 0, 0, 0, args.learning_starts  # updates once past learn_from
+        start_iteration, updates, last_target_update, learn_from = (
+            0,
+            0,
+            0,
+            args.learning_starts,
+        )  # updates once past learn_from
 
         def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
             learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
@@ -638,11 +643,11 @@ def main(args: Args) -> list[float]:
 
         if checkpoint:
             saved = run.restore(checkpoint_state())
-            iteration, updates, last_target_update = saved["iteration"], saved["updates"], saved["last_target_update"]
+            start_iteration, updates, last_target_update = saved["iteration"], saved["updates"], saved["last_target_update"]
             if saved["rb"] is None:  # an empty buffer: act for another learning_starts steps before sampling from it
-                learn_from = iteration * args.num_envs + args.learning_starts
+                learn_from = start_iteration * args.num_envs + args.learning_starts
                 run.note_empty_replay(learn_from)
-            envs, obs = run.fast_forward(envs, action_log[:iteration], obs, stats)
+            envs, obs = run.fast_forward(envs, action_log[:start_iteration], obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
                 is_reset_step[:] = True
                 stats.drop_games_in_progress()
@@ -651,9 +656,9 @@ def main(args: Args) -> list[float]:
                 window.length[:] = 0  # the frames of the pending transitions were not saved
         if atari and (not checkpoint or saved["rb"] is None):
             rb.begin(obs)  # the frames of the current stacks, which the next ones run on from
-        progress = run.progress(iteration * args.num_envs)
+        progress = run.progress(start_iteration * args.num_envs)
 
-        for iteration in range(iteration + 1, num_iterations + 1):
+        for iteration in range(start_iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
             actions = act(q_network, obs, epsilon, num_actions, device)

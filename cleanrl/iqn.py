@@ -423,7 +423,7 @@ def main(args: Args) -> list[float]:
         stats = episode_scores.EpisodeStats(args.num_envs)
         obs, _ = envs.reset()  # envpool is seeded at construction
         is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
-        iteration, updates, learn_from = 0, 0, args.learning_starts  # updates once past learn_from
+        start_iteration, updates, learn_from = 0, 0, args.learning_starts  # updates once past learn_from
 
         def checkpoint_state(iterations_done: int = num_iterations) -> dict:  # the default: the whole log, to restore into
             learner = dict(q_network=q_network, target_network=target_network, optimizer=optimizer, updates=updates)
@@ -433,16 +433,16 @@ def main(args: Args) -> list[float]:
 
         if checkpoint:
             saved = run.restore(checkpoint_state())
-            iteration, updates = saved["iteration"], saved["updates"]
-            envs, obs = run.fast_forward(envs, action_log[:iteration], obs, stats)
+            start_iteration, updates = saved["iteration"], saved["updates"]
+            envs, obs = run.fast_forward(envs, action_log[:start_iteration], obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
                 is_reset_step[:] = True
                 stats.drop_games_in_progress()
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
-                learn_from = iteration * args.num_envs + args.learning_starts
+                learn_from = start_iteration * args.num_envs + args.learning_starts
                 run.note_empty_replay(learn_from)
-        progress = run.progress(iteration * args.num_envs)
-        for iteration in range(iteration + 1, num_iterations + 1):
+        progress = run.progress(start_iteration * args.num_envs)
+        for iteration in range(start_iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
             actions = act(q_network, obs, epsilon, args.num_quantile_samples, warm_up=global_step <= args.learning_starts)
