@@ -104,7 +104,8 @@ class Args:
     end_e: float = 0.02
     """the final epsilon of the epsilon-greedy exploration"""
     exploration_fraction: float = 0.2
-    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e` (0: `end_e`
+    from the first step)"""
     eval_epsilon: float = 0.001  # the dueling and tuned Double DQN papers' Atari evaluation
     """the epsilon of the evaluation episodes"""
     prioritized_replay_alpha: float = 0.6  # 0: uniform replay

@@ -90,7 +90,8 @@ class Args:
     end_e: float = 0.01
     """the final epsilon of the epsilon-greedy exploration"""
     exploration_fraction: float = 0.02  # after the warm-up; 1M steps
-    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e` (0: `end_e`
+    from the first step)"""
     eval_epsilon: float = 0.001
     """the epsilon of the evaluation episodes"""
     num_tau_samples: int = 64

@@ -86,7 +86,8 @@ class Args:
     end_e: float = 0.01
     """the final epsilon of the epsilon-greedy exploration"""
     exploration_fraction: float = 0.1
-    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e` (0: `end_e`
+    from the first step)"""
     max_grad_norm: float = 10.0
     """the global norm the gradients are clipped to"""
     td_loss_coef: float = 1.0

@@ -119,7 +119,8 @@ class Args:
     end_e: float = 0.05
     """the base of the per-actor epsilons at the end of its decay"""
     exploration_fraction: float = 0.5
-    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e` (0: `end_e`
+    from the first step)"""
     eval_epsilon: float = 0.001  # the Atari evaluation of the dueling DQN and IQN papers
     """the epsilon of the evaluation episodes"""
     lstm_size: int = 128  # also the width of the torso before it and of each dueling head

@@ -131,7 +131,8 @@ class Args:
     min_epsilon: Optional[float] = None  # R2D2's fixed epsilons: --start-e 0.4 --end-e 0.4 --min-epsilon 0
     """the floor of every actor's epsilon (None: `end_e`, so after the decay every actor plays at `end_e`)"""
     exploration_fraction: float = 0.3333  # 150k of the default 450k steps
-    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e` (0: `end_e`
+    from the first step)"""
     epsilon_alpha: float = 7.0
     """the exponent range alpha of the per-actor epsilons: actor i explores with base^(1 + alpha i / (num_envs - 1))"""
     eval_epsilon: float = 0.001
