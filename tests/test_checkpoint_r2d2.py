@@ -36,7 +36,7 @@ def test_sigint_leaves_a_checkpoint(tmp_path, monkeypatch):
     assert checkpoint["global_step"] == 100 * 4
     action_log = checkpoint["state"]["action_log"]
     assert action_log.shape == (100, 4) and action_log.dtype == np.uint8
-    assert set(checkpoint["state"]["rb"]) == {"t", "episode_start"}  # no arrays without --checkpoint-replay
+    assert set(checkpoint["state"]["rb"]) == {"pos", "episode_start"}  # no arrays without --checkpoint-replay
     assert not glob.glob("runs/*/*.tmp")
 
 
