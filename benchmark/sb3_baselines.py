@@ -37,6 +37,9 @@ except ImportError as error:
 
 # The layout of checkpoint.pt, which a resume checks; 2: training_run.Run's header, the state `checkpoint_state` lists
 CHECKPOINT_FORMAT = 2
+# The evaluation environment is seeded --seed + EVAL_SEED_OFFSET, the offset the scripts use: past the seed of this
+# run's training environment and of every other run's.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -335,7 +338,9 @@ def main(args: Args) -> str:
                 reset_num_timesteps=checkpoint is None,
             )
             if args.eval_episodes and not run.stopped:
-                run.log_evaluation(run.dir, evaluate(model, args.env_id, args.eval_episodes, seed=args.seed + 1))
+                run.log_evaluation(
+                    run.dir, evaluate(model, args.env_id, args.eval_episodes, seed=args.seed + EVAL_SEED_OFFSET)
+                )
             run.finish(returns)
         finally:
             model.env.close()

@@ -41,6 +41,10 @@ envpool = classic_control.import_envpool()  # None off Linux (it has Linux wheel
 # The layout of checkpoint.pt, which a resume checks; 2: the state under one "state" entry, the buffer under "rb";
 # 3: the --adam-eps flag, and on Atari a replay that stores each frame once (FrameReplayBuffer)
 CHECKPOINT_FORMAT = 3
+# Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
+# so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
+# the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -101,7 +105,8 @@ class Args:
     end_e: float = 0.02
     """the final epsilon of the epsilon-greedy exploration"""
     exploration_fraction: float = 0.2
-    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e` (0: `end_e`
+    from the first step)"""
     eval_epsilon: float = 0.001  # the dueling and tuned Double DQN papers' Atari evaluation
     """the epsilon of the evaluation episodes"""
     prioritized_replay_alpha: float = 0.6  # 0: uniform replay
@@ -193,8 +198,6 @@ def validate_args(args: Args) -> list:
                 not is_atari(args.env_id) or args.buffer_size // args.num_envs >= ring_min,
                 in_ring,
             ),
-            # `linear_schedule` divides by the decay's length.
-            ("exploration_fraction", args.exploration_fraction, args.exploration_fraction > 0, "must be in (0, 1]"),
         ]
     )
     spec = flag_checks.check_env_id(args.env_id)
@@ -544,8 +547,12 @@ def weighted_huber_loss(q_taken, targets, weights) -> torch.Tensor:
     return (weights * F.smooth_l1_loss(q_taken, targets, reduction="none")).mean()
 
 
-def linear_schedule(start: float, end: float, duration: float, t: float) -> float:
-    return start + (end - start) * min(t / duration, 1.0)
+def linear_schedule(start: float, end: float, duration: float, t):
+    """Linear from `start` at agent step 0 to `end` at step `duration`, then `end`; a `duration` of 0 is `end` from the
+    first step. `t` is a step or an array of steps; the result (float64) has its shape."""
+    t = np.asarray(t, dtype=np.float64)
+    value = start + (end - start) * t / duration if duration > 0 else np.full_like(t, end)
+    return np.clip(value, min(start, end), max(start, end))
 
 
 def act(q_network: nn.Module, obs: np.ndarray, epsilon: float, num_actions: int, device: torch.device) -> np.ndarray:
@@ -558,15 +565,15 @@ def act(q_network: nn.Module, obs: np.ndarray, epsilon: float, num_actions: int,
 
 def evaluate(weights: dict, args: Args, device: torch.device, video_folder: str) -> list[float]:
     """True scores (raw, all lives) of --eval-episodes whole games (--eval-epsilon) of the network with `weights` (a
-    model file's) on training's envs seeded --seed + 1, one per env; --capture-video plays them in turn on ale-py and
-    records them to `video_folder`."""
+    model file's) on training's envs seeded --seed + EVAL_SEED_OFFSET, one per env; --capture-video plays them in turn
+    on ale-py and records them to `video_folder`."""
     if args.eval_episodes == 0:  # none to play (and envpool builds no zero envs)
         return []
     spec = flag_checks.check_env_id(args.env_id)
     model = DuelingQNetwork(spec.observation_space.shape, spec.action_space.n, args.hidden_size).to(device)
     model_files.put_weights(model, weights, args.model_path)
     model.eval()
-    seed, num_actions = args.seed + 1, spec.action_space.n
+    seed, num_actions = args.seed + EVAL_SEED_OFFSET, spec.action_space.n
     if args.capture_video:  # envpool does not render: a gymnasium env with the training preprocessing
         envs = gym.vector.SyncVectorEnv(
             [lambda: environments.make_video_env(args.env_id, video_folder, max_episode_steps=27000)]
@@ -625,7 +632,8 @@ def main(args: Args) -> list[float]:
         obs, _ = envs.reset()
         is_reset_step = np.zeros(args.num_envs, dtype=bool)
         losses, q_means = torch.zeros(100, device=device), torch.zeros(100, device=device)  # read only when logged
-        iteration, updates, last_target_update, learning_starts = 0, 0, 0, args.learning_starts
+        start_iteration, updates, last_target_update = 0, 0, 0
+        learn_from = args.learning_starts  # updates once past learn_from
 
         def checkpoint_state(iterations_done: int) -> dict:
             """All a resume needs, as plain values."""
@@ -654,11 +662,12 @@ def main(args: Args) -> list[float]:
                 if args.checkpoint_replay:
                     rb.load_state_dict(saved["rb"])
                 rb.rng.bit_generator.state = saved["rng"]
-                iteration, updates, last_target_update = saved["iteration"], saved["updates"], saved["last_target_update"]
+                start_iteration, updates = saved["iteration"], saved["updates"]
+                last_target_update = saved["last_target_update"]
             if saved["rb"] is None:  # an empty buffer: act for another learning_starts steps before sampling from it
-                learning_starts = iteration * args.num_envs + args.learning_starts
-                run.note_empty_replay(learning_starts)
-            envs, obs = run.fast_forward(envs, action_log[:iteration], obs, stats)
+                learn_from = start_iteration * args.num_envs + args.learning_starts
+                run.note_empty_replay(learn_from)
+            envs, obs = run.fast_forward(envs, action_log[:start_iteration], obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
                 is_reset_step[:] = True
                 stats.drop_games_in_progress()
@@ -667,11 +676,11 @@ def main(args: Args) -> list[float]:
                 window.length[:] = 0  # the frames of the pending transitions were not saved
         if atari and (not checkpoint or saved["rb"] is None):
             rb.begin(obs)  # the frames of the current stacks, which the next ones run on from
-        progress = run.progress(iteration * args.num_envs)
+        progress = run.progress(start_iteration * args.num_envs)
         # The NaN stop, kept on the device and read at logging intervals: no wait for the device at every update.
         updates_finite = torch.ones((), dtype=torch.bool, device=device)
 
-        for iteration in range(iteration + 1, num_iterations + 1):
+        for iteration in range(start_iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
             actions = act(q_network, obs, epsilon, num_actions, device)
@@ -684,7 +693,7 @@ def main(args: Args) -> list[float]:
             rb.add(*window.push(held, actions, rewards, terminated, truncated, next_held, is_reset_step))
             obs, is_reset_step = next_obs, terminated | truncated
 
-            if global_step > learning_starts and global_step % args.train_frequency == 0:
+            if global_step > learn_from and global_step % args.train_frequency == 0:
                 beta = linear_schedule(args.prioritized_replay_beta, 1.0, args.total_timesteps, global_step)
                 batch, indices, weights = rb.sample(args.batch_size, beta)
                 b_obs, b_actions, b_returns, b_discounts, b_next_obs = (torch.as_tensor(x, device=device) for x in batch)

@@ -36,6 +36,10 @@ envpool = classic_control.import_envpool()  # None off Linux (it has Linux wheel
 
 # The layout of checkpoint.pt, which a resume checks.
 CHECKPOINT_FORMAT = 2
+# Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
+# so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
+# the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -96,7 +100,8 @@ class Args:
     end_e: float = 0.01
     """the final epsilon of the epsilon-greedy exploration"""
     exploration_fraction: float = 1 / 30  # 10k steps
-    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e` (0: `end_e`
+    from the first step)"""
     eval_epsilon: float = 0.001
     """the epsilon of the evaluation episodes"""
     num_tau_samples: int = 8
@@ -143,8 +148,6 @@ MINATAR_DEFAULTS = dict(
 def validate_args(args: Args) -> list:
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=False)
-    if args.exploration_fraction == 0:  # `linear_schedule` divides by the decay's length
-        flag_errors.flag_error("exploration_fraction", args.exploration_fraction, "must be in (0, 1]")
     if args.learning_starts < args.batch_size:
         flag_errors.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 4):
@@ -334,8 +337,12 @@ def n_step_targets(rewards, terminated, continues, gamma: float) -> tuple[np.nda
     return returns.astype(np.float32), discounts.astype(np.float32), num_steps.astype(np.int64)
 
 
-def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
-    return max(end_e, start_e + (end_e - start_e) * t / duration)
+def linear_schedule(start: float, end: float, duration: float, t):
+    """Linear from `start` at agent step 0 to `end` at step `duration`, then `end`; a `duration` of 0 is `end` from the
+    first step. `t` is a step or an array of steps; the result (float64) has its shape."""
+    t = np.asarray(t, dtype=np.float64)
+    value = start + (end - start) * t / duration if duration > 0 else np.full_like(t, end)
+    return np.clip(value, min(start, end), max(start, end))
 
 
 def crossed(step: int, num_envs: int, every: int) -> int:
@@ -373,10 +380,10 @@ def act(q_network: QuantileNetwork, obs, epsilon: float, num_quantile_samples: i
 
 def evaluate(weights: dict, args: Args, device: torch.device, video_folder: str) -> list[float]:
     """Scores of --eval-episodes episodes of the network with `weights` (a model file's), epsilon-greedy (--eval-epsilon),
-    on an env seeded --seed + 1; videos of them in `video_folder` with --capture-video."""
+    on an env seeded --seed + EVAL_SEED_OFFSET; videos of them in `video_folder` with --capture-video."""
     if args.eval_episodes == 0:  # none to play
         return []
-    seed = args.seed + 1
+    seed = args.seed + EVAL_SEED_OFFSET
     if args.capture_video:
         envs = gym.vector.SyncVectorEnv([lambda: environments.make_video_env(args.env_id, video_folder)])
     else:
@@ -423,7 +430,7 @@ def main(args: Args) -> list[float]:
         stats = episode_scores.EpisodeStats(args.num_envs)
         obs, _ = envs.reset()  # envpool is seeded at construction
         is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
-        iteration, updates, learn_after = 0, 0, args.learning_starts  # updates run once global_step > learn_after
+        start_iteration, updates, learn_from = 0, 0, args.learning_starts  # updates once past learn_from
 
         def checkpoint_state(iterations_done: int) -> dict:
             """All a resume needs, as plain values."""
@@ -447,18 +454,18 @@ def main(args: Args) -> list[float]:
                 action_log[: len(saved["action_log"])] = saved["action_log"]
                 if args.checkpoint_replay:
                     rb.load_state_dict(saved["rb"])
-                iteration, updates = saved["iteration"], saved["updates"]
-            envs, obs = run.fast_forward(envs, action_log[:iteration], obs, stats)
+                start_iteration, updates = saved["iteration"], saved["updates"]
+            envs, obs = run.fast_forward(envs, action_log[:start_iteration], obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step; partial scores dropped
                 is_reset_step[:] = True
                 stats.drop_games_in_progress()
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
-                learn_after = iteration * args.num_envs + args.learning_starts
-                run.note_empty_replay(learn_after)
-        progress = run.progress(iteration * args.num_envs)
+                learn_from = start_iteration * args.num_envs + args.learning_starts
+                run.note_empty_replay(learn_from)
+        progress = run.progress(start_iteration * args.num_envs)
         # The NaN stop, kept on the device and read at logging intervals: no wait for the device at every update.
         updates_finite = torch.ones((), dtype=torch.bool, device=device)
-        for iteration in range(iteration + 1, num_iterations + 1):
+        for iteration in range(start_iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
             epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step)
             actions = act(q_network, obs, epsilon, args.num_quantile_samples, warm_up=global_step <= args.learning_starts)
@@ -469,7 +476,7 @@ def main(args: Args) -> list[float]:
             stats.update(rewards, is_reset_step, terminated | truncated, run.writer, global_step)  # time-outs too
             obs, is_reset_step = next_obs, terminated | truncated
 
-            if global_step > learn_after:
+            if global_step > learn_from:
                 if args.anneal_lr:
                     optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
                 for _ in range(crossed(global_step, args.num_envs, args.train_frequency)):

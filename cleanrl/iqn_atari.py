@@ -35,6 +35,10 @@ envpool = classic_control.import_envpool()  # None off Linux (Linux wheels only)
 
 # The layout of checkpoint.pt, which a resume checks.
 CHECKPOINT_FORMAT = 2
+# Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
+# so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
+# the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -95,7 +99,8 @@ class Args:
     end_e: float = 0.01
     """the final epsilon of the epsilon-greedy exploration"""
     exploration_fraction: float = 0.02  # after the warm-up; 1M steps
-    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e` (0: `end_e`
+    from the first step)"""
     eval_epsilon: float = 0.001
     """the epsilon of the evaluation episodes"""
     num_tau_samples: int = 64
@@ -124,8 +129,6 @@ class Args:
 def validate_args(args: Args) -> list:
     flag_checks.check_common_flags(args)
     spec = flag_checks.check_env_id(args.env_id, atari=True)
-    if args.exploration_fraction == 0:  # `linear_schedule` divides by the decay's length
-        flag_errors.flag_error("exploration_fraction", args.exploration_fraction, "must be in (0, 1]")
     if args.learning_starts < args.batch_size:
         flag_errors.flag_error("learning_starts", args.learning_starts, f"must be >= --batch-size={args.batch_size}")
     if args.buffer_size // args.num_envs < max(args.learning_starts // args.num_envs, 2 * STACK_NUM + 2):
@@ -336,10 +339,12 @@ def n_step_targets(rewards, terminated, continues, gamma: float) -> tuple[np.nda
     return returns.astype(np.float32), discounts.astype(np.float32), num_steps.astype(np.int64)
 
 
-def linear_schedule(start_e: float, end_e: float, duration: float, t: int, warmup: int) -> float:
-    """Dopamine's `linearly_decaying_epsilon`: `start_e` up to step `warmup` (the end of the uniform-random warm-up,
-    `learning_starts`), then linear to `end_e` over the next `duration` steps, then `end_e`."""
-    return max(end_e, start_e + (end_e - start_e) * max(t - warmup, 0) / duration)
+def linear_schedule(start: float, end: float, duration: float, t):
+    """Linear from `start` at agent step 0 to `end` at step `duration`, then `end`; a `duration` of 0 is `end` from the
+    first step. `t` is a step or an array of steps; the result (float64) has its shape."""
+    t = np.asarray(t, dtype=np.float64)
+    value = start + (end - start) * t / duration if duration > 0 else np.full_like(t, end)
+    return np.clip(value, min(start, end), max(start, end))
 
 
 def crossed(step: int, num_envs: int, every: int) -> int:
@@ -377,13 +382,13 @@ def act(q_network: QuantileNetwork, obs, epsilon: float, num_quantile_samples: i
 
 def evaluate(weights: dict, args: Args, device: torch.device, video_folder: str) -> list[float]:
     """Plays `args.eval_episodes` whole games with the network of `weights` (a model file's), epsilon-greedy with
-    `args.eval_epsilon`, on the training environment (seeded with `args.seed + 1`): a lost life ends an episode there
-    and envpool serves the next one with FIRE, as RLtime evaluates. Returns the true scores (raw rewards over all lives,
-    up to the game's end). --capture-video plays the same games on ale-py, which also presses FIRE after every lost
-    life, and records them to `video_folder`."""
+    `args.eval_epsilon`, on the training environment (seeded with `args.seed + EVAL_SEED_OFFSET`): a lost life ends an
+    episode there and envpool serves the next one with FIRE, as RLtime evaluates. Returns the true scores (raw rewards
+    over all lives, up to the game's end). --capture-video plays the same games on ale-py, which also presses FIRE after
+    every lost life, and records them to `video_folder`."""
     if args.eval_episodes == 0:  # none to play
         return []
-    seed = args.seed + 1
+    seed = args.seed + EVAL_SEED_OFFSET
     if args.capture_video:
         envs = gym.vector.SyncVectorEnv(
             [lambda: environments.make_video_env(args.env_id, video_folder, max_episode_steps=27_000)]
@@ -433,7 +438,7 @@ def main(args: Args) -> list[float]:
         is_first = np.ones(args.num_envs, dtype=bool)  # o_t is the first observation of a game (not of a life)
         is_reset_step = np.zeros(args.num_envs, dtype=bool)  # the step from o_t is envpool's reset step
         next_is_first = np.zeros(args.num_envs, dtype=bool)  # the observation after that reset step starts a game
-        iteration, updates, learn_after = 0, 0, args.learning_starts  # updates run once global_step > learn_after
+        start_iteration, updates, learn_from = 0, 0, args.learning_starts  # updates once past learn_from
 
         def checkpoint_state(iterations_done: int) -> dict:
             """All a resume needs, as plain values."""
@@ -460,22 +465,23 @@ def main(args: Args) -> list[float]:
                 action_log[: len(saved["action_log"])] = saved["action_log"]
                 if args.checkpoint_replay:
                     rb.load_state_dict(saved["rb"])
-                iteration, updates = saved["iteration"], saved["updates"]
-            envs, obs = run.fast_forward(envs, action_log[:iteration], obs, stats)
+                start_iteration, updates = saved["iteration"], saved["updates"]
+            envs, obs = run.fast_forward(envs, action_log[:start_iteration], obs, stats)
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step, then a first observation
                 is_reset_step[:] = next_is_first[:] = True
                 stats.drop_games_in_progress()
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
                 rb.add_history(obs)
-                learn_after = iteration * args.num_envs + args.learning_starts
-                run.note_empty_replay(learn_after)
-        progress = run.progress(iteration * args.num_envs)
+                learn_from = start_iteration * args.num_envs + args.learning_starts
+                run.note_empty_replay(learn_from)
+        progress = run.progress(start_iteration * args.num_envs)
         # The NaN stop, kept on the device and read at logging intervals: no wait for the device at every update.
         updates_finite = torch.ones((), dtype=torch.bool, device=device)
-        for iteration in range(iteration + 1, num_iterations + 1):
+        for iteration in range(start_iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
             decay_steps = args.exploration_fraction * args.total_timesteps
-            epsilon = linear_schedule(args.start_e, args.end_e, decay_steps, global_step, args.learning_starts)
+            # as Dopamine's `linearly_decaying_epsilon`: the decay starts at the end of the uniform-random warm-up
+            epsilon = linear_schedule(args.start_e, args.end_e, decay_steps, max(global_step - args.learning_starts, 0))
             actions = act(q_network, obs, epsilon, args.num_quantile_samples, warm_up=global_step <= args.learning_starts)
             action_log[iteration - 1] = actions
             next_obs, rewards, terminated, truncated, infos = envs.step(actions)
@@ -486,7 +492,7 @@ def main(args: Args) -> list[float]:
             stats.update(infos["reward"], is_reset_step, game_over, run.writer, global_step)
             obs, is_first, is_reset_step, next_is_first = next_obs, next_is_first, terminated | truncated, game_over
 
-            if global_step > learn_after:
+            if global_step > learn_from:
                 if args.anneal_lr:
                     optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
                 for _ in range(crossed(global_step, args.num_envs, args.train_frequency)):

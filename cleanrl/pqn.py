@@ -37,6 +37,10 @@ envpool = classic_control.import_envpool()  # None off Linux (it has Linux wheel
 
 # The layout of checkpoint.pt, which a resume checks; 3: the state `main` lists in `checkpoint_state`
 CHECKPOINT_FORMAT = 3
+# Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
+# so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
+# the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -91,7 +95,8 @@ class Args:
     end_e: float = 0.02  # CleanRL: 0.05
     """the final epsilon of the epsilon-greedy exploration"""
     exploration_fraction: float = 0.4  # CleanRL: 0.5
-    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e` (0: `end_e`
+    from the first step)"""
     max_grad_norm: float = 10.0
     """the global norm the gradients are clipped to"""
     eval_epsilon: float = 0.0  # greedy, as purejaxql's CartPole test environments
@@ -155,7 +160,6 @@ def validate_args(args: Args) -> list:
         [
             ("num_minibatches", args.num_minibatches, batch_size % args.num_minibatches == 0, f"must divide {batch}"),
             ("total_timesteps", args.total_timesteps, args.total_timesteps >= batch_size, f"must be at least {batch}"),
-            ("exploration_fraction", args.exploration_fraction, args.exploration_fraction > 0, "must be in (0, 1]"),
         ]
     )
     return memory
@@ -201,9 +205,12 @@ class QNetwork(nn.Module):
         return self.network(x)
 
 
-def linear_schedule(start: float, end: float, duration: float, t: np.ndarray) -> np.ndarray:
-    """Linear decay from `start` to `end` over `duration` steps, constant afterwards; `t` may be an array."""
-    return np.maximum(start + (end - start) * np.asarray(t, dtype=np.float64) / duration, min(start, end))
+def linear_schedule(start: float, end: float, duration: float, t):
+    """Linear from `start` at agent step 0 to `end` at step `duration`, then `end`; a `duration` of 0 is `end` from the
+    first step. `t` is a step or an array of steps; the result (float64) has its shape."""
+    t = np.asarray(t, dtype=np.float64)
+    value = start + (end - start) * t / duration if duration > 0 else np.full_like(t, end)
+    return np.clip(value, min(start, end), max(start, end))
 
 
 def q_lambda_returns(
@@ -263,8 +270,8 @@ def evaluate(weights: dict, args: Args, device: torch.device, video_folder: str)
     if args.capture_video:  # envpool does not render; a gymnasium env with the same dynamics records the video
         envs = gym.vector.SyncVectorEnv([lambda: environments.make_video_env(args.env_id, video_folder)])
     else:  # one environment per episode, so that short episodes are not over-represented
-        envs = make_env(args.env_id, args.eval_episodes, args.seed)
-    obs, _ = envs.reset(seed=args.seed) if args.capture_video else envs.reset()
+        envs = make_env(args.env_id, args.eval_episodes, args.seed + EVAL_SEED_OFFSET)
+    obs, _ = envs.reset(seed=args.seed + EVAL_SEED_OFFSET) if args.capture_video else envs.reset()
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)
     model = QNetwork(envs.single_observation_space.shape, num_actions).to(device)
@@ -349,7 +356,7 @@ def main(args: Args) -> list[float]:
         updates_finite = torch.ones((), dtype=torch.bool, device=device)
         for iteration in range(start_iteration, num_iterations):
             if args.anneal_lr:
-                optimizer.lr = (1.0 - iteration / num_iterations) * args.learning_rate
+                optimizer.lr = args.learning_rate * (1.0 - global_step / args.total_timesteps)
             # Exploration draws for the whole rollout at once: one epsilon per step, decayed by global step.
             step_epsilons = linear_schedule(args.start_e, args.end_e, epsilon_duration, global_step + rollout_steps)
             explore = np.random.rand(args.num_steps, args.num_envs) < step_epsilons[:, None]

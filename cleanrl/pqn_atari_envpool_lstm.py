@@ -39,6 +39,10 @@ envpool = classic_control.import_envpool()  # None off Linux (Linux wheels only)
 
 # The layout of checkpoint.pt, which a resume checks; 2: the state `main` lists in `checkpoint_state`
 CHECKPOINT_FORMAT = 2
+# Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
+# so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
+# the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -93,7 +97,8 @@ class Args:
     end_e: float = 0.01
     """the final epsilon of the epsilon-greedy exploration"""
     exploration_fraction: float = 0.1
-    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e` (0: `end_e`
+    from the first step)"""
     max_grad_norm: float = 0.5
     """the global norm the gradients are clipped to"""
     td_loss_coef: float = 1.0
@@ -211,7 +216,6 @@ def validate_args(args: Args) -> list:
                 f"must divide --num-envs={args.num_envs} (a minibatch is a set of whole environments)",
             ),
             ("total_timesteps", args.total_timesteps, args.total_timesteps >= batch_size, f"must be at least {batch}"),
-            ("exploration_fraction", args.exploration_fraction, args.exploration_fraction > 0, "must be in (0, 1]"),
             ("td_loss_coef", args.td_loss_coef, 0 < args.td_loss_coef < float("inf"), "must be a number > 0"),
             ("conv_layer_norm", args.conv_layer_norm, args.conv_layer_norm in LAYER_NORMS, "feature_map or channels"),
         ]
@@ -298,9 +302,12 @@ class QNetwork(nn.Module):
         return self.q_head(torch.cat(outputs)), (h, c)
 
 
-def linear_schedule(start: float, end: float, duration: float, t: np.ndarray) -> np.ndarray:
-    """Linear decay from `start` to `end` over `duration` steps, constant afterwards; `t` may be an array."""
-    return np.maximum(start + (end - start) * np.asarray(t, dtype=np.float64) / duration, min(start, end))
+def linear_schedule(start: float, end: float, duration: float, t):
+    """Linear from `start` at agent step 0 to `end` at step `duration`, then `end`; a `duration` of 0 is `end` from the
+    first step. `t` is a step or an array of steps; the result (float64) has its shape."""
+    t = np.asarray(t, dtype=np.float64)
+    value = start + (end - start) * t / duration if duration > 0 else np.full_like(t, end)
+    return np.clip(value, min(start, end), max(start, end))
 
 
 def q_lambda_returns(
@@ -364,19 +371,20 @@ def train_on_rollout(
 
 
 def evaluate(weights: dict, args: Args, device: torch.device, video_folder: str) -> list[float]:
-    """Plays `args.eval_episodes` whole games with a saved model on the training environment (seeded with `args.seed + 1`),
-    as purejaxql's test environments: a lost life ends an episode and envpool serves the next with FIRE; the recurrent
-    state is zeroed at every life start, as in training. Returns the true scores (raw rewards over all lives).
-    --capture-video plays them on ale-py, which also presses FIRE after a lost life (there no episode end)."""
+    """Plays `args.eval_episodes` whole games with a saved model on the training environment (seeded with
+    `args.seed + EVAL_SEED_OFFSET`), as purejaxql's test environments: a lost life ends an episode and envpool serves
+    the next with FIRE; the recurrent state is zeroed at every life start, as in training. Returns the true scores
+    (raw rewards over all lives). --capture-video plays them on ale-py, which also presses FIRE after a lost life
+    (there no episode end)."""
     if args.eval_episodes == 0:  # none to play (and envpool builds no zero envs)
         return []
     if args.capture_video:
         envs = gym.vector.SyncVectorEnv(
             [lambda: environments.make_video_env(args.env_id, video_folder, 1, max_episode_steps=27_000)]
         )
-        obs, _ = envs.reset(seed=args.seed + 1)
+        obs, _ = envs.reset(seed=args.seed + EVAL_SEED_OFFSET)
     else:  # one environment per game, so that short games are not over-represented
-        envs = make_env(args.env_id, args.eval_episodes, args.seed + 1)
+        envs = make_env(args.env_id, args.eval_episodes, args.seed + EVAL_SEED_OFFSET)
         obs, _ = envs.reset()
     num_envs, num_actions = envs.num_envs, envs.single_action_space.n
     quota = np.full(num_envs, args.eval_episodes // num_envs)
@@ -477,7 +485,7 @@ def main(args: Args) -> list[float]:
         updates_finite = torch.ones((), dtype=torch.bool, device=device)
         for iteration in range(start_iteration, num_iterations):
             if args.anneal_lr:
-                optimizer.param_groups[0]["lr"] = (1.0 - iteration / num_iterations) * args.learning_rate
+                optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
             # Exploration draws for the whole rollout at once: one epsilon per step, decayed by global step.
             step_epsilons = linear_schedule(args.start_e, args.end_e, epsilon_duration, global_step + rollout_steps)
             explore = np.random.rand(args.num_steps, args.num_envs) < step_epsilons[:, None]

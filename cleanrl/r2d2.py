@@ -37,8 +37,13 @@ from cleanrl_q_utils.segment_tree import SegmentTree
 envpool = classic_control.import_envpool()  # None off Linux (it has Linux wheels only): classic control is gymnasium's
 
 # The layout of checkpoint.pt, which a resume checks; 3: the burn-in is a prefix before --seq-len trained steps,
-# and --sequence-period sets how often a sequence starts; 4: the replay keeps the actors' Q-values, not a max priority
-CHECKPOINT_FORMAT = 4
+# and --sequence-period sets how often a sequence starts; 4: the replay keeps the actors' Q-values, not a max priority;
+# 5: the replay's write position is `pos` and its window records `window_*` (were `t`, `seq_*`)
+CHECKPOINT_FORMAT = 5
+# Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
+# so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
+# the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -115,7 +120,8 @@ class Args:
     end_e: float = 0.05
     """the base of the per-actor epsilons at the end of its decay"""
     exploration_fraction: float = 0.5
-    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e` (0: `end_e`
+    from the first step)"""
     eval_epsilon: float = 0.001  # the Atari evaluation of the dueling DQN and IQN papers
     """the epsilon of the evaluation episodes"""
     lstm_size: int = 128  # also the width of the torso before it and of each dueling head
@@ -164,7 +170,7 @@ def validate_args(args: Args) -> list:
         ("total_timesteps", args.total_timesteps, args.total_timesteps >= args.num_envs, "at least --num-envs"),
     ]
     flag_errors.check_flags(checks)
-    obs_shape = observe(np.zeros((1, *spec.observation_space.shape)), args.mask_velocity).shape[1:]
+    obs_shape = hide_velocity(np.zeros((1, *spec.observation_space.shape)), args.mask_velocity).shape[1:]
     return flag_checks.check_run_memory(args, memory_needs(args, obs_shape, spec.action_space.n, spec.observation_space.dtype))
 
 
@@ -210,7 +216,7 @@ def make_env(env_id: str, num_envs: int, seed: int):
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed)
 
 
-def observe(obs: np.ndarray, mask_velocity: bool) -> np.ndarray:
+def hide_velocity(obs: np.ndarray, mask_velocity: bool) -> np.ndarray:
     """CartPole's observation is (x, x_dot, theta, theta_dot); the memory task keeps (x, theta)."""
     return obs[:, [0, 2]] if mask_velocity else obs
 
@@ -255,8 +261,8 @@ class QNetwork(nn.Module):
         return self.value(out) + advantage - advantage.mean(-1, keepdim=True), (h[0], c[0])
 
 
-def max_sequences(capacity: int, num_envs: int, period: int, window: int) -> int:
-    """Sequence slots of the replay: twice one window per period, as short episodes start more windows."""
+def max_windows(capacity: int, num_envs: int, period: int, window: int) -> int:
+    """Window slots of the replay: twice one window per period, as short episodes start more windows."""
     return 2 * capacity // period + 4 * num_envs * (window // period + 2)
 
 
@@ -267,8 +273,8 @@ class SequenceReplay:
     window reaches back before the episode's start, so that its first steps are trained as often as the others."""
 
     def __init__(self, args: Args, obs_shape: tuple, obs_dtype):
-        self.num_envs, self.steps = args.num_envs, args.buffer_size // args.num_envs
-        shape = (self.num_envs, self.steps)  # one ring of slots per environment
+        self.num_envs, self.capacity = args.num_envs, args.buffer_size // args.num_envs
+        shape = (self.num_envs, self.capacity)  # one ring of slots per environment
         self.seq_len, self.burn_in, self.period = args.seq_len, args.burn_in, args.sequence_period
         self.window = args.burn_in + args.seq_len + args.n_step  # burn-in prefix, trained steps, target steps
         self.prioritized_replay_alpha, self.save_arrays = args.prioritized_replay_alpha, args.checkpoint_replay
@@ -280,22 +286,22 @@ class SequenceReplay:
         self.terminated, self.truncated = np.zeros((2, *shape), dtype=bool)
         # the acting network's Q(s, a) of the action taken and max_a Q(s, a): a new window's priority comes from them
         self.acted_q, self.max_q = np.zeros((2, *shape), dtype=np.float32)
-        self.max_seqs = max_sequences(args.buffer_size, args.num_envs, self.period, self.window)
+        self.num_windows = max_windows(args.buffer_size, args.num_envs, self.period, self.window)
         # per window: its env, the absolute step of its position 0, [lo, hi), the LSTM state before position 0
-        self.seq_env, self.seq_start, self.seq_lo, self.seq_hi = np.zeros((4, self.max_seqs), dtype=np.int64)
-        self.seq_h, self.seq_c = np.zeros((2, self.max_seqs, args.lstm_size), dtype=np.float32)
-        self.tree = SegmentTree(self.max_seqs)
+        self.window_env, self.window_start, self.window_lo, self.window_hi = np.zeros((4, self.num_windows), dtype=np.int64)
+        self.window_h, self.window_c = np.zeros((2, self.num_windows, args.lstm_size), dtype=np.float32)
+        self.tree = SegmentTree(self.num_windows)
         self.open = np.zeros(0, dtype=np.int64)  # windows still being filled (priority 0 until complete)
-        self.next_seq, self.t = 0, 0
+        self.next_window, self.pos = 0, 0
         self.episode_start = np.zeros(args.num_envs, dtype=np.int64)
 
     def state_dict(self) -> dict:
         """The write position and episode starts always (windows opened after a resume need them); with `save_arrays`
         every array and the sum tree too, as tensors sharing their memory (torch.save then pickles no copy of them)."""
-        state = dict(t=self.t, episode_start=self.episode_start.copy())
+        state = dict(pos=self.pos, episode_start=self.episode_start.copy())
         if self.save_arrays:
             state.update({name: torch.from_numpy(v) for name, v in vars(self).items() if isinstance(v, np.ndarray)})
-            state.update(tree=torch.from_numpy(self.tree.nodes), next_seq=self.next_seq)
+            state.update(tree=torch.from_numpy(self.tree.nodes), next_window=self.next_window)
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -304,47 +310,47 @@ class SequenceReplay:
         vars(self).update(state)
 
     def _new_windows(self, envs, starts, lo, h, c):
-        ids = (self.next_seq + np.arange(len(envs))) % self.max_seqs
-        self.next_seq += len(envs)
+        ids = (self.next_window + np.arange(len(envs))) % self.num_windows
+        self.next_window += len(envs)
         self.tree.update(ids, 0.0)  # evicts the oldest sequences (FIFO)
-        self.seq_env[ids], self.seq_start[ids], self.seq_lo[ids] = envs, starts, lo
-        self.seq_h[ids], self.seq_c[ids] = h, c
+        self.window_env[ids], self.window_start[ids], self.window_lo[ids] = envs, starts, lo
+        self.window_h[ids], self.window_c[ids] = h, c
         self.open = np.concatenate([self.open, ids])
 
     def add(self, obs, actions, rewards, terminated, truncated, is_first, is_reset_step, h, c, q):
         """One vector step: obs (N, ...) fed to the network, its action, reward and flags. `is_reset_step` marks
         envpool's reset step (its obs is the previous episode's final one), h and c the LSTM state before obs, q (N, A)
         the acting network's Q-values at obs."""
-        t, slot = self.t, self.t % self.steps
+        pos, slot = self.pos, self.pos % self.capacity
         self.obs[:, slot], self.actions[:, slot], self.rewards[:, slot] = obs, actions, rewards
         self.terminated[:, slot], self.truncated[:, slot] = terminated, truncated
         self.acted_q[:, slot], self.max_q[:, slot] = np.take_along_axis(q, actions[:, None], 1)[:, 0], q.max(1)
-        if t % self.period == 0:  # forget windows whose slots the ring is about to overwrite
-            stale = self.seq_start - self.history <= t - self.steps + self.period
-            stale_ids = np.flatnonzero(stale & (self.tree.leaves(np.arange(self.max_seqs)) > 0))
+        if pos % self.period == 0:  # forget windows whose slots the ring is about to overwrite
+            stale = self.window_start - self.history <= pos - self.capacity + self.period
+            stale_ids = np.flatnonzero(stale & (self.tree.leaves(np.arange(self.num_windows)) > 0))
             self.tree.update(stale_ids, 0.0)
         # close windows that are full or whose episode ended with this step's final observation
-        env, start = self.seq_env[self.open], self.seq_start[self.open]
-        ended, full = is_reset_step[env], t - start + 1 >= self.window
+        env, start = self.window_env[self.open], self.window_start[self.open]
+        ended, full = is_reset_step[env], pos - start + 1 >= self.window
         close = ended | full
-        hi = np.where(ended, t - start + 1, self.window)
+        hi = np.where(ended, pos - start + 1, self.window)
         trained = ~ended | (hi - 2 >= self.burn_in)  # at least one trained step
         keep = self.open[close & trained]
-        self.seq_hi[keep] = hi[close & trained]
+        self.window_hi[keep] = hi[close & trained]
         if len(keep):  # a complete window enters with the priority of its TD errors under the acting network
             self.update_priorities(keep, self.initial_priorities(keep))
         self.open = self.open[~close]
         # open new windows: their trained steps start at the multiples of `period` of an episode
         first = np.flatnonzero(is_first)
-        self.episode_start[first] = t
-        since_start = t - self.episode_start + self.burn_in
+        self.episode_start[first] = pos
+        since_start = pos - self.episode_start + self.burn_in
         regular = np.flatnonzero(~is_first & ~is_reset_step & (since_start % self.period == 0))
-        self._new_windows(regular, np.full(len(regular), t), self.episode_start[regular] - t, h[regular], c[regular])
+        self._new_windows(regular, np.full(len(regular), pos), self.episode_start[regular] - pos, h[regular], c[regular])
         earliest = -((self.seq_len - 1) // self.period) * self.period  # the first trained span that reaches the episode
         for trained_start in range(earliest, self.burn_in + 1, self.period) if len(first) else []:  # reach back before it
             lo = np.full(len(first), self.burn_in - trained_start)
-            self._new_windows(first, t - lo, lo, 0.0, 0.0)  # zero state
-        self.t += 1
+            self._new_windows(first, pos - lo, lo, 0.0, 0.0)  # zero state
+        self.pos += 1
 
     def sample(self, batch_size: int, rng: np.random.Generator, prioritized_replay_beta: float, device):
         """Prioritized draw of `batch_size` sequences with their normalized importance weights."""
@@ -352,7 +358,7 @@ class SequenceReplay:
         mass = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)  # one in each equal segment
         ids = self.tree.find_prefix_sum(mass)
         probs = self.tree.leaves(ids) / total
-        weights = (np.count_nonzero(self.tree.leaves(np.arange(self.max_seqs))) * probs) ** -prioritized_replay_beta
+        weights = (np.count_nonzero(self.tree.leaves(np.arange(self.num_windows))) * probs) ** -prioritized_replay_beta
         batch = self.gather(ids, device)
         batch["weights"] = torch.as_tensor((weights / weights.max()).astype(np.float32), device=device)
         return ids, batch
@@ -360,10 +366,10 @@ class SequenceReplay:
     def positions(self, ids: np.ndarray):
         """The env and ring slot of positions -history .. window - 1 of the windows `ids` (P, B), and which of them lie
         in the window's episode."""
-        pos = np.arange(-self.history, self.window)[:, None]
-        env = self.seq_env[ids][None]
-        slots = (self.seq_start[ids][None] + pos) % self.steps
-        valid = (pos >= self.seq_lo[ids][None]) & (pos < self.seq_hi[ids][None])  # padding: another episode
+        offset = np.arange(-self.history, self.window)[:, None]
+        env = self.window_env[ids][None]
+        slots = (self.window_start[ids][None] + offset) % self.capacity
+        valid = (offset >= self.window_lo[ids][None]) & (offset < self.window_hi[ids][None])  # padding: another episode
         return env, slots, valid
 
     def step_fields(self, env, slots, valid) -> dict:
@@ -385,7 +391,7 @@ class SequenceReplay:
         env, slots, valid = self.positions(ids)
         frames = self.obs[env, slots] * valid.reshape(*valid.shape, *[1] * (self.obs.ndim - 2)).astype(self.obs.dtype)
         batch = {k: v for k, v in self.step_fields(env, slots, valid).items() if k not in ("acted_q", "max_q")}
-        batch.update(obs=frames[self.history :], h=self.seq_h[ids], c=self.seq_c[ids])
+        batch.update(obs=frames[self.history :], h=self.window_h[ids], c=self.window_c[ids])
         return {k: torch.as_tensor(v, device=device) for k, v in batch.items()}
 
     def initial_priorities(self, ids: np.ndarray) -> np.ndarray:
@@ -404,12 +410,12 @@ class SequenceReplay:
 
 def replay_memory_bytes(args: Args, obs_shape: tuple, obs_dtype) -> int:
     """Bytes that SequenceReplay allocates for these flags (the step streams, the sequence records and their tree)."""
-    steps, window = args.buffer_size // args.num_envs, args.burn_in + args.seq_len + args.n_step
+    capacity, window = args.buffer_size // args.num_envs, args.burn_in + args.seq_len + args.n_step
     per_step = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize + 1 + 4 + 1 + 1 + 8  # obs, action, reward, flags, Qs
-    max_seqs = max_sequences(args.buffer_size, args.num_envs, args.sequence_period, window)
-    per_sequence = 4 * 8 + 2 * args.lstm_size * 4  # env, start, lo, hi; h and c
-    tree = 2 * (1 << (max_seqs - 1).bit_length()) * 8
-    return args.num_envs * (steps * per_step + 8) + max_seqs * per_sequence + tree  # + each env's episode start
+    num_windows = max_windows(args.buffer_size, args.num_envs, args.sequence_period, window)
+    per_window = 4 * 8 + 2 * args.lstm_size * 4  # env, start, lo, hi; h and c
+    tree = 2 * (1 << (num_windows - 1).bit_length()) * 8
+    return args.num_envs * (capacity * per_step + 8) + num_windows * per_window + tree  # + each env's episode start
 
 
 def value_rescale(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
@@ -438,10 +444,18 @@ def target_copies(args: Args) -> int:
     return updates // args.target_network_frequency
 
 
-def actor_epsilons(num_envs: int, base: float = 0.4, alpha: float = 7.0) -> np.ndarray:
-    """eps_i = base^(1 + alpha i / (N - 1)); a single actor gets `base`."""
+def linear_schedule(start: float, end: float, duration: float, t):
+    """Linear from `start` at agent step 0 to `end` at step `duration`, then `end`; a `duration` of 0 is `end` from the
+    first step. `t` is a step or an array of steps; the result (float64) has its shape."""
+    t = np.asarray(t, dtype=np.float64)
+    value = start + (end - start) * t / duration if duration > 0 else np.full_like(t, end)
+    return np.clip(value, min(start, end), max(start, end))
+
+
+def actor_epsilons(num_envs: int, base_epsilon: float = 0.4, alpha: float = 7.0) -> np.ndarray:
+    """eps_i = base_epsilon^(1 + alpha i / (N - 1)); a single actor gets `base_epsilon`."""
     fraction = np.arange(num_envs) / max(num_envs - 1, 1)
-    return base ** (1 + alpha * fraction)
+    return base_epsilon ** (1 + alpha * fraction)
 
 
 def n_step_returns(rewards, done, terminated, steps: int, n_step: int, gamma: float):
@@ -534,7 +548,7 @@ def play(model, envs, obs, mask_velocity: bool, device, epsilon: float) -> list[
     last_action, last_reward = np.full(n, -1), np.zeros(n, dtype=np.float32)
     scores, returns, finished = [], np.zeros(n), np.zeros(n, dtype=bool)
     while not finished.all():
-        inputs = to_step_inputs(observe(obs, mask_velocity), last_action, last_reward, np.zeros(n, bool), device)
+        inputs = to_step_inputs(hide_velocity(obs, mask_velocity), last_action, last_reward, np.zeros(n, bool), device)
         q, state = model(*inputs, state)
         explore = np.random.random(n) < epsilon
         actions = np.where(explore, np.random.randint(model.num_actions, size=n), q[0].argmax(-1).cpu().numpy())
@@ -552,14 +566,23 @@ def evaluate(weights: dict, args: Args, device, video_folder: str) -> list[float
     (envpool does not render) to `video_folder`."""
     if args.eval_episodes == 0:  # none to play (and envpool builds no zero envs)
         return []
-    envs = make_env(args.env_id, args.eval_episodes, args.seed + 100)
+    envs = make_env(args.env_id, args.eval_episodes, args.seed + EVAL_SEED_OFFSET)
     obs, _ = envs.reset()
-    model = QNetwork(observe(obs, args.mask_velocity).shape[1:], int(envs.single_action_space.n), args.lstm_size).to(device)
+    model = QNetwork(hide_velocity(obs, args.mask_velocity).shape[1:], int(envs.single_action_space.n), args.lstm_size).to(
+        device
+    )
     model_files.put_weights(model, weights, args.model_path)
     scores = play(model, envs, obs, args.mask_velocity, device, args.eval_epsilon)
     if args.capture_video:
         video_env = gym.vector.SyncVectorEnv([lambda: environments.make_video_env(args.env_id, video_folder)])
-        play(model, video_env, video_env.reset(seed=0)[0], args.mask_velocity, device, args.eval_epsilon)
+        play(
+            model,
+            video_env,
+            video_env.reset(seed=args.seed + EVAL_SEED_OFFSET)[0],
+            args.mask_velocity,
+            device,
+            args.eval_epsilon,
+        )
         video_env.close()
     return scores
 
@@ -586,14 +609,14 @@ def main(args: Args) -> list[float]:
         envs = make_env(args.env_id, args.num_envs, run.env_seed)
         num_envs, num_actions = args.num_envs, int(envs.single_action_space.n)
         obs, _ = envs.reset()  # the raw observation: resume checks the replayed environments against it
-        obs_shape = observe(obs, args.mask_velocity).shape[1:]
+        obs_shape = hide_velocity(obs, args.mask_velocity).shape[1:]
         q_network = QNetwork(obs_shape, num_actions, args.lstm_size).to(device)
         target_network = QNetwork(obs_shape, num_actions, args.lstm_size).to(device)
         print(f"  torso: {q_network.torso_name}")
         target_network.load_state_dict(q_network.state_dict())
         optimizer = torch.optim.Adam(q_network.parameters(), lr=args.learning_rate, eps=args.adam_eps)
         rb = SequenceReplay(args, obs_shape, obs.dtype)  # as the env gives them: float32 vectors, MinAtar's bool planes
-        per_observation = f"{replay_memory_bytes(args, obs_shape, rb.obs.dtype) / (rb.num_envs * rb.steps):.1f} bytes"
+        per_observation = f"{replay_memory_bytes(args, obs_shape, rb.obs.dtype) / (rb.num_envs * rb.capacity):.1f} bytes"
         print(f"replay: {per_observation} per stored observation")
         run.writer.add_text("replay", f"{per_observation} per stored observation")
         updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * args.seq_len)
@@ -603,7 +626,7 @@ def main(args: Args) -> list[float]:
         is_first, is_reset_step = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
         last_action, last_reward = np.full(num_envs, -1), np.zeros(num_envs, dtype=np.float32)
         stats = episode_scores.EpisodeStats(num_envs)
-        update_credit, updates, learn_from = 0.0, 0, args.learning_starts
+        update_credit, updates, learn_from = 0.0, 0, args.learning_starts  # updates once past learn_from
         num_iterations = args.total_timesteps // num_envs
         global_step = checkpoint["global_step"] if checkpoint else 0  # sets the log's length in checkpoint_state
         action_log = np.zeros((num_iterations, num_envs), dtype=np.min_scalar_type(num_actions - 1))
@@ -636,7 +659,7 @@ def main(args: Args) -> list[float]:
             if args.resume_fresh_envs:  # new games: every env's next step is a reset step, which starts no episode
                 is_reset_step[:], is_first[:] = True, False
                 stats.drop_games_in_progress()  # the partial scores
-                rb.truncated[:, (rb.t - 1) % rb.steps] = True  # the cut is a time-out: targets bootstrap from obs
+                rb.truncated[:, (rb.pos - 1) % rb.capacity] = True  # the cut is a time-out: targets bootstrap from obs
             if not rb.save_arrays:  # the replay starts empty: collect again before learning
                 learn_from = checkpoint["global_step"] + args.learning_starts
                 run.note_empty_replay(learn_from)
@@ -648,18 +671,22 @@ def main(args: Args) -> list[float]:
             keep = torch.as_tensor(~is_first, device=device).float().unsqueeze(-1)
             h, c = h * keep, c * keep  # episode start: zero state, no previous action or reward
             last_action, last_reward = np.where(is_first, -1, last_action), np.where(is_first, 0, last_reward)
-            decay = min(global_step / max(args.exploration_fraction * args.total_timesteps, 1), 1.0)
-            epsilons = actor_epsilons(num_envs, args.start_e + decay * (args.end_e - args.start_e), args.epsilon_alpha)
-            observed = observe(obs, args.mask_velocity)
+            base_epsilon = linear_schedule(
+                args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
+            )
+            epsilons = actor_epsilons(num_envs, base_epsilon, args.epsilon_alpha)
+            visible_obs = hide_velocity(obs, args.mask_velocity)
             with torch.no_grad():
-                q, (next_h, next_c) = q_network(*to_step_inputs(observed, last_action, last_reward, is_first, device), (h, c))
+                q, (next_h, next_c) = q_network(
+                    *to_step_inputs(visible_obs, last_action, last_reward, is_first, device), (h, c)
+                )
             explore = rng.random(num_envs) < epsilons
             acting_q = q[0].cpu().numpy()
             actions = np.where(explore, rng.integers(num_actions, size=num_envs), acting_q.argmax(-1))
             next_obs, reward, terminated, truncated, _ = envs.step(actions)
             action_log[iteration] = actions
             rb.add(
-                observed,
+                visible_obs,
                 actions,
                 reward,
                 terminated,

@@ -37,6 +37,10 @@ envpool = classic_control.import_envpool()  # None off Linux (Linux wheels only)
 
 # The layout of checkpoint.pt, which a resume checks; 3: replay windows with the burn-in before them; the IQN-before-LSTM layer
 CHECKPOINT_FORMAT = 3
+# Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
+# so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
+# the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
+EVAL_SEED_OFFSET = 1000
 
 
 @dataclass
@@ -124,7 +128,8 @@ class Args:
     min_epsilon: Optional[float] = None  # R2D2's fixed epsilons: --start-e 0.4 --end-e 0.4 --min-epsilon 0
     """the floor of every actor's epsilon (None: `end_e`, so after the decay every actor plays at `end_e`)"""
     exploration_fraction: float = 0.5
-    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e`"""
+    """the fraction of `total_timesteps` over which the epsilon schedule goes linearly from `start_e` to `end_e` (0: `end_e`
+    from the first step)"""
     epsilon_alpha: float = 7.0
     """the exponent range alpha of the per-actor epsilons: actor i explores with base^(1 + alpha i / (num_envs - 1))"""
     eval_epsilon: float = 0.001
@@ -328,16 +333,16 @@ class SequenceReplay:
         self.priorities = SegmentTree(N * self.num_windows) if args.prioritized_replay else None
         self.max_priority = 1.0
 
-    def add(self, state, **slot):
+    def add(self, state, **fields):
         """Writes one step of every environment; `state` (h, c) is the state before o_t (kept where a burn-in starts)."""
-        t = self.pos % self.capacity
-        if (t + self.burn_in) % self.seq_len == 0:
-            window = (t + self.burn_in) // self.seq_len % self.num_windows
+        slot = self.pos % self.capacity
+        if (slot + self.burn_in) % self.seq_len == 0:
+            window = (slot + self.burn_in) // self.seq_len % self.num_windows
             self.state[:, window] = torch.stack(state, 1)
             if self.priorities is not None:  # the old window here is being overwritten
                 self.priorities.update(self.window_ids(window), 0.0)
-        for key, value in slot.items():
-            getattr(self, key)[:, t] = value
+        for key, value in fields.items():
+            getattr(self, key)[:, slot] = value
         self.pos += 1
         done = self.pos - self.window + self.burn_in  # first trained slot of the window that just became complete
         if self.priorities is not None and done >= self.burn_in and done % self.seq_len == 0:
@@ -441,10 +446,12 @@ def inverse_value_rescale(x, eps=1e-3):
     return torch.sign(x) * ((2 * (x.abs() + 1 + eps) / (1 + torch.sqrt(1 + 4 * eps * (x.abs() + 1 + eps)))) ** 2 - 1)
 
 
-def base_epsilon_schedule(global_step, total_timesteps, start=0.4, end=0.01, fraction=0.5):
-    """The base of the per-actor epsilons: linear from `start` to `end` over `fraction` of training."""
-    progress = min(global_step / max(fraction * total_timesteps, 1), 1.0)  # fraction 0: end at once
-    return start + progress * (end - start)
+def linear_schedule(start: float, end: float, duration: float, t):
+    """Linear from `start` at agent step 0 to `end` at step `duration`, then `end`; a `duration` of 0 is `end` from the
+    first step. `t` is a step or an array of steps; the result (float64) has its shape."""
+    t = np.asarray(t, dtype=np.float64)
+    value = start + (end - start) * t / duration if duration > 0 else np.full_like(t, end)
+    return np.clip(value, min(start, end), max(start, end))
 
 
 def actor_epsilons(num_envs, base_epsilon, alpha=7.0, min_epsilon=0.01):
@@ -488,7 +495,7 @@ class Agent:
         explore = np.random.rand(num_envs) < epsilons
         return np.where(explore, np.random.randint(self.q_network.num_actions, size=num_envs), actions)
 
-    def observe(self, actions, reward, is_reset_step, game_over):
+    def update_inputs(self, actions, reward, is_reset_step, game_over):
         """After a step: the next frame's extra inputs. A reset step's frame starts a new episode (or life);
         the timestep restarts only with a new game."""
         self.game_steps = np.where(is_reset_step & self.game_over, 0, self.game_steps + ~is_reset_step)
@@ -570,14 +577,14 @@ def evaluate(weights: dict, args, device, video_folder: str):
         env = environments.make_video_env(args.env_id, video_folder, frame_stack=1, max_episode_steps=args.max_episode_steps)
         envs = gym.vector.SyncVectorEnv([lambda: env])
     else:
-        envs = make_env(args.env_id, num_envs, args.seed + 1000, args.max_episode_steps, not args.value_rescaling)
+        envs = make_env(args.env_id, num_envs, args.seed + EVAL_SEED_OFFSET, args.max_episode_steps, not args.value_rescaling)
     q_network = QNetwork(int(envs.single_action_space.n), args).to(device)  # envpool and gymnasium both have it
     model_files.put_weights(q_network, weights, args.model_path)
     q_network.eval()
     agent = Agent(q_network, num_envs, args, device)
     quota = np.array([eval_episodes // num_envs + (i < eval_episodes % num_envs) for i in range(num_envs)])
     scores, score = [], np.zeros(num_envs)
-    obs, info = envs.reset()
+    obs, info = envs.reset(seed=args.seed + EVAL_SEED_OFFSET) if args.capture_video else envs.reset()
     is_reset_step = np.zeros(num_envs, dtype=bool)
     while len(scores) < eval_episodes:
         actions = agent.act(obs.reshape(num_envs, 1, 84, 84), args.eval_epsilon)
@@ -589,9 +596,9 @@ def evaluate(weights: dict, args, device, video_folder: str):
             scores.append(float(score[i]))
             quota[i] -= 1
         score[game_over] = 0.0
-        agent.observe(actions, reward, is_reset_step, game_over)
+        agent.update_inputs(actions, reward, is_reset_step, game_over)
         if args.capture_video and info["lives"][0] < lives[0] and not game_over[0]:  # ale-py has no reset step
-            agent.observe(actions, reward, np.ones(1, dtype=bool), game_over)  # after a lost life: play one as training
+            agent.update_inputs(actions, reward, np.ones(1, dtype=bool), game_over)  # after a lost life: play one as training
         is_reset_step = terminated | truncated
     envs.close()
     return scores
@@ -633,7 +640,7 @@ def main(args: Args) -> list[float]:
         loss_sums = torch.zeros(2, device=device)  # quantile loss and Q-value of the updates since the last log
         obs, _ = envs.reset()
         is_reset_step = np.zeros(args.num_envs, dtype=bool)
-        start_iteration, updates = 0, 0
+        start_iteration, updates, learn_from = 0, 0, args.learning_starts  # updates once past learn_from
 
         def checkpoint_state(iterations_done: int) -> dict:
             """All a resume needs, as plain values; the replay only with --checkpoint-replay."""
@@ -664,16 +671,17 @@ def main(args: Args) -> list[float]:
                 is_reset_step[:] = agent.game_over[:] = True  # game_over: the new game's timestep restarts
                 stats.drop_games_in_progress()
                 rb.truncated[:, (rb.pos - 1) % rb.capacity] = True  # the cut is a time-out: targets bootstrap from obs
-            if not args.checkpoint_replay:  # the replay starts empty (rb.pos 0)
-                run.note_empty_replay(start_iteration * args.num_envs + args.learning_starts)
+            if not args.checkpoint_replay:  # the replay starts empty: collect again before learning
+                learn_from = start_iteration * args.num_envs + args.learning_starts
+                run.note_empty_replay(learn_from)
         progress = run.progress(start_iteration * args.num_envs, 1 / (update_every * args.num_envs))
         epsilon_floor = args.end_e if args.min_epsilon is None else args.min_epsilon
         # The NaN stop, kept on the device and read at logging intervals: no wait for the device at every update.
         updates_finite = torch.ones((), dtype=torch.bool, device=device)
         for iteration in range(start_iteration + 1, num_iterations + 1):
             global_step = iteration * args.num_envs
-            base_epsilon = base_epsilon_schedule(
-                global_step, args.total_timesteps, args.start_e, args.end_e, args.exploration_fraction
+            base_epsilon = linear_schedule(
+                args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, global_step
             )
             epsilons = actor_epsilons(args.num_envs, base_epsilon, args.epsilon_alpha, epsilon_floor)
             state_before, inputs = agent.state, agent.inputs()
@@ -685,13 +693,13 @@ def main(args: Args) -> list[float]:
             rb.add(state_before, **step, is_reset_step=is_reset_step, **inputs)
             game_over = info["terminated"].astype(bool) | truncated  # true score: raw rewards of all lives, to game end
             stats.update(info["reward"], is_reset_step, game_over, run.writer, global_step)
-            agent.observe(actions, reward, is_reset_step, game_over)
+            agent.update_inputs(actions, reward, is_reset_step, game_over)
             is_reset_step, obs = terminated | truncated, next_obs
 
-            # Learning starts once the replay holds learning_starts steps: after a resume without it, again.
-            if rb.pos * args.num_envs > args.learning_starts and iteration % update_every == 0 and rb.num_valid() > 0:
-                if args.anneal_lr:
-                    optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (iteration - 1) / num_iterations)
+            if global_step > learn_from and iteration % update_every == 0 and rb.num_valid() > 0:
+                if args.anneal_lr:  # from the steps taken before this vector step
+                    steps_before = global_step - args.num_envs
+                    optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - steps_before / args.total_timesteps)
                 loss, q_value, grads_finite = train_step(args, q_network, target_network, optimizer, rb, device)
                 loss_sums += torch.stack((loss, q_value))
                 updates_finite &= grads_finite

@@ -65,7 +65,7 @@ class Run:
         self.args, self.checkpoint, self.format, self.memory = args, checkpoint, checkpoint_format, memory
         self.script = os.path.abspath(script)
         self.start_time, self.eval_scores, self.lock, self.writer = time.time(), None, None, None
-        self.learning_resumes_at = None  # set by note_empty_replay
+        self.learn_from = None  # set by note_empty_replay: the step learning resumes after
         self.training_done_after_save = False  # set by checkpoint_due
         self.stopped, self.created, self.last_checkpoint, self.dir = False, False, None, None
         self.global_step = self.start_step = checkpoint["global_step"] if checkpoint else 0  # last step checkpoint_due saw
@@ -115,18 +115,18 @@ class Run:
         warm-up's end and a lower bound of the run; Atari on a CPU warns with the first estimate or bound if the run
         would take over a day more."""
         slow = self.device.type == "cpu" and self.args.env_id.endswith("-v5")
-        learning_starts = self.learning_resumes_at or getattr(self.args, "learning_starts", 0)
+        learning_starts = self.learn_from or getattr(self.args, "learning_starts", 0)
         hint = run_folder.slow_hint(self.script) if slow else None
         return episode_scores.Progress(
             self.args.total_timesteps, start_step, learning_starts, slow_hint=hint, updates_per_step=updates_per_step
         )
 
-    def note_empty_replay(self, learning_resumes_at: int) -> None:
+    def note_empty_replay(self, learn_from: int) -> None:
         """Says, on a resume without --checkpoint-replay, that the replay restarts empty and when learning resumes."""
-        self.learning_resumes_at = learning_resumes_at
+        self.learn_from = learn_from
         print(
             f"resume: the replay was not saved (--checkpoint-replay was off): it refills from empty, and learning "
-            f"resumes at step {learning_resumes_at}"
+            f"resumes at step {learn_from}"
         )
 
     def save_model(self, weights: dict) -> Optional[str]:

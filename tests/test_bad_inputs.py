@@ -3,6 +3,7 @@ directory. Nothing trains here: `training_run.Run` is replaced by a stand-in tha
 
 import math
 
+import numpy as np
 import pytest
 
 from cleanrl import (
@@ -114,3 +115,20 @@ def test_a_total_between_two_whole_iterations_is_rounded_up_and_said(module, mon
     assert args.total_timesteps == -(-asked // per_iteration) * per_iteration  # the next whole number of iterations
     note = f"--total-timesteps={asked} rounded up to {args.total_timesteps}"
     assert (note in capsys.readouterr().out) == (per_iteration > 1)
+
+
+@pytest.mark.parametrize("module", SCRIPTS, ids=lambda module: module.__name__.split(".")[-1])
+def test_exploration_fraction_zero_is_accepted_and_means_end_e_from_the_first_step(module):
+    module.validate_args(module.Args(exploration_fraction=0.0))  # no refusal
+    steps = np.array([0, 1, 8, 10_000])
+    assert (module.linear_schedule(1.0, 0.05, 0.0 * 10_000, steps) == 0.05).all()
+
+
+@pytest.mark.parametrize("module", SCRIPTS, ids=lambda module: module.__name__.split(".")[-1])
+def test_linear_schedule_runs_from_start_to_end_over_its_duration_then_holds(module):
+    f = module.linear_schedule
+    by_hand = {0: 1.0, 25: 0.75, 50: 0.5, 100: 0.0, 101: 0.0, 10_000: 0.0}  # 1 -> 0 over 100 steps
+    for step, value in by_hand.items():
+        assert f(1.0, 0.0, 100, step) == pytest.approx(value, abs=1e-12)
+    assert f(1.0, 0.01, 100, 500) == 0.01  # exactly the end value once the decay is over
+    np.testing.assert_allclose(f(0.4, 1.0, 60, np.array([0, 30, 60, 90])), [0.4, 0.7, 1.0, 1.0])  # rising (PER's beta)

@@ -245,7 +245,7 @@ def test_atari_epsilon_holds_at_one_through_the_warm_up_then_decays_as_dopamine(
 
     by_hand = {0: 1.0, 50_000: 1.0, 550_000: 0.505, 1_050_000: 0.01, 2_000_000: 0.01}
     for step in [*by_hand, 1, 49_999, 50_001, 300_000, 1_049_999]:
-        got = iqn_atari.linear_schedule(1.0, 0.01, 1_000_000, step, 50_000)
+        got = iqn_atari.linear_schedule(1.0, 0.01, 1_000_000, max(step - 50_000, 0))  # as main: decay after the warm-up
         assert got == pytest.approx(dopamine(1_000_000, step, 50_000, 0.01), abs=1e-12)
         if step in by_hand:
             assert got == pytest.approx(by_hand[step], abs=1e-12)
@@ -296,8 +296,9 @@ def test_benchmark_atari_runs_decay_epsilon_over_the_papers_1m_steps(steps):
         assert decay_steps == pytest.approx(min(1_000_000, args.total_timesteps), abs=1.0)
         if args.total_timesteps >= 1_050_000:
             end = args.learning_starts + 1_000_000
-            assert iqn_atari.linear_schedule(args.start_e, args.end_e, decay_steps, end - 1000, args.learning_starts) > 0.01
-            assert iqn_atari.linear_schedule(args.start_e, args.end_e, decay_steps, end + 1, args.learning_starts) == 0.01
+            after_warm_up = end - args.learning_starts
+            assert iqn_atari.linear_schedule(args.start_e, args.end_e, decay_steps, after_warm_up - 1000) > 0.01
+            assert iqn_atari.linear_schedule(args.start_e, args.end_e, decay_steps, after_warm_up + 1) == 0.01
 
 
 def test_replay_resident_memory_is_one_frame_per_transition():
@@ -318,7 +319,6 @@ def test_replay_resident_memory_is_one_frame_per_transition():
         (iqn, {"batch_size": 64, "learning_starts": 10}, "--learning-starts"),
         (iqn_atari, {"buffer_size": 8, "learning_starts": 32}, "--buffer-size"),
         (iqn_atari, {"num_tau_samples": 0}, "--num-tau-samples"),
-        (iqn, {"exploration_fraction": 0.0}, "--exploration-fraction"),
         (iqn, {"checkpoint_every": -1}, "--checkpoint-every"),
         (iqn, {"n_step": 0}, "--n-step"),
         (iqn_atari, {"n_step": 0}, "--n-step"),

@@ -92,7 +92,7 @@ def fill(module, num_envs=3, steps=400, seq_len=5, burn_in=3, sequence_period=5,
 
 
 def live_ids(rb):
-    return np.flatnonzero(rb.tree.leaves(np.arange(rb.max_seqs)) > 0)
+    return np.flatnonzero(rb.tree.leaves(np.arange(rb.num_windows)) > 0)
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -121,7 +121,7 @@ def times_trained_in_the_buffer(rb):
     for b, i in enumerate(ids):
         for p in range(rb.burn_in, rb.burn_in + rb.seq_len):
             if batch["valid"][p, b] and not batch["is_reset_step"][p, b]:
-                key = (int(rb.seq_env[i]), int(rb.seq_start[i]) + p)
+                key = (int(rb.window_env[i]), int(rb.window_start[i]) + p)
                 trained[key] = trained.get(key, 0) + 1
     return trained
 
@@ -157,7 +157,7 @@ def test_each_step_is_trained_as_often_as_the_layout_says(module, seq_len, burn_
         done_prob=0.004 if long_run else 0.06,
     )
     trained = times_trained_in_the_buffer(rb)
-    horizon = rb.t - 2 * rb.window  # the newest steps wait for windows that are still open
+    horizon = rb.pos - 2 * rb.window  # the newest steps wait for windows that are still open
     checked = 0
     for env, steps in steps_of.values():
         ends_before_horizon = steps[-1] < horizon
@@ -180,12 +180,12 @@ def test_each_step_is_trained_as_often_as_the_layout_says(module, seq_len, burn_
 def test_stored_state_is_zero_at_episode_start(module):
     rb, _ = fill(module)
     ids = live_ids(rb)
-    at_start = rb.seq_lo[ids] >= 0  # the window begins at or before its episode's first step
+    at_start = rb.window_lo[ids] >= 0  # the window begins at or before its episode's first step
     assert at_start.any() and (~at_start).any()
-    assert (rb.seq_h[ids[at_start]] == 0).all() and (rb.seq_c[ids[at_start]] == 0).all()
+    assert (rb.window_h[ids[at_start]] == 0).all() and (rb.window_c[ids[at_start]] == 0).all()
     mid = ids[~at_start]  # elsewhere the actor's state from just before the window's first step
-    expected = 1 + rb.seq_start[mid] + rb.seq_env[mid] / 10
-    assert np.allclose(rb.seq_h[mid, 0], expected) and np.allclose(rb.seq_c[mid, 0], expected)
+    expected = 1 + rb.window_start[mid] + rb.window_env[mid] / 10
+    assert np.allclose(rb.window_h[mid, 0], expected) and np.allclose(rb.window_c[mid, 0], expected)
 
 
 @pytest.mark.parametrize("burn_in, seq_len, period, n_step, frame_stack", [(0, 4, 4, 1, 8), (2, 4, 2, 1, 12), (4, 8, 4, 2, 4)])
@@ -216,7 +216,7 @@ def test_the_smallest_accepted_replay_never_serves_overwritten_frames(burn_in, s
             continue
         batch, history = rb.gather(ids, "cpu"), np.arange(1 - frame_stack, 1)
         for b, i in enumerate(ids):
-            env, start = int(rb.seq_env[i]), int(rb.seq_start[i])
+            env, start = int(rb.window_env[i]), int(rb.window_start[i])
             for p in np.flatnonzero(batch["valid"][:, b].numpy()):
                 steps = start + p + history
                 first = episode_of[env, start + p]
@@ -372,7 +372,7 @@ def test_new_sequence_enters_with_the_priority_of_the_acting_values(module):
             np.zeros((1, 2), np.float32),
             np.array([q[t]], np.float32),
         )
-    (window,) = [i for i in live_ids(rb) if rb.seq_start[i] == -1]
+    (window,) = [i for i in live_ids(rb) if rb.window_start[i] == -1]
     td = []
     for t in range(3):  # two-step returns; the one from step 2 ends with the termination on step 3: no bootstrap
         if terminated[t + 1]:

@@ -62,7 +62,9 @@ def test_n_step_targets_stop_at_episode_ends(module):
 
 @pytest.mark.parametrize("module", MODULES)
 def test_actor_epsilons_and_base_schedule(module):
-    f = module.base_epsilon_schedule
+    def f(step, total):  # the base schedule as main computes it with the default flags' shape: half of training
+        return module.linear_schedule(0.4, 0.01, 0.5 * total, step)
+
     assert f(0, 1000) == pytest.approx(0.4)
     assert f(250, 1000) == pytest.approx(0.205)  # halfway through the decay
     assert f(500, 1000) == pytest.approx(0.01) and f(1000, 1000) == pytest.approx(0.01)
@@ -242,7 +244,7 @@ def test_extra_lstm_inputs(module, monkeypatch):
     assert torch.all(seen[-1][0, :, -5:] == 0)  # first frames: no last action, no reward, timestep 0
     actions = np.array([2, 0, 1])
     # env 0 continues, env 1 ends its life (reset step follows), env 2 takes a reward of 5 (clipped to 1)
-    agent.observe(actions, np.array([0.0, -3.0, 5.0]), np.zeros(3, bool), np.array([False, False, False]))
+    agent.update_inputs(actions, np.array([0.0, -3.0, 5.0]), np.zeros(3, bool), np.array([False, False, False]))
     agent.act(obs, 0.0)
     extras = seen[-1][0, :, -5:]
     torch.testing.assert_close(extras[:, :3], torch.eye(3)[[2, 0, 1]])
@@ -250,8 +252,8 @@ def test_extra_lstm_inputs(module, monkeypatch):
     torch.testing.assert_close(extras[:, 4], torch.full((3,), 0.01))
     # env 1's game goes on (life loss): the reset step clears action and reward but not the timestep;
     # env 2's game is over: after its reset step the timestep restarts
-    agent.observe(actions, np.ones(3), np.zeros(3, bool), np.array([False, False, True]))
-    agent.observe(actions, np.zeros(3), np.array([False, True, True]), np.zeros(3, bool))
+    agent.update_inputs(actions, np.ones(3), np.zeros(3, bool), np.array([False, False, True]))
+    agent.update_inputs(actions, np.zeros(3), np.array([False, True, True]), np.zeros(3, bool))
     assert agent.is_first.tolist() == [False, True, True]
     agent.act(obs, 0.0)
     extras = seen[-1][0, :, -5:]
@@ -420,7 +422,7 @@ def test_value_rescaling_trains_on_unclipped_rewards(monkeypatch, tmp_path):
     assert clips == [True, False]
     # the last-reward input stays clipped (RLtime clips that feature whatever the env returns)
     agent = module.Agent(module.QNetwork(3, small_args(module)), 1, small_args(module), torch.device("cpu"))
-    agent.observe(np.array([0]), np.array([7.0]), np.zeros(1, bool), np.zeros(1, bool))
+    agent.update_inputs(np.array([0]), np.array([7.0]), np.zeros(1, bool), np.zeros(1, bool))
     assert agent.last_reward.tolist() == [1.0]
 
 

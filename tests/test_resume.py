@@ -111,7 +111,7 @@ def replay_left_out(state: dict) -> bool:
     """Whether a checkpoint's state holds no replay arrays (without --checkpoint-replay): none at all, or r2d2's
     counters alone."""
     rb = state.get("rb")
-    return rb is None or isinstance(rb, dict) and set(rb) == {"t", "episode_start"}
+    return rb is None or isinstance(rb, dict) and set(rb) == {"pos", "episode_start"}
 
 
 @pytest.mark.parametrize("name", SIGNALLED)
@@ -778,7 +778,7 @@ def test_r2d2_fresh_resume_trains_no_sequence_across_the_cut(name, tmp_path, mon
     flags = dict(flags, checkpoint_replay=True, checkpoint_every=10**6)
     monkeypatch.chdir(tmp_path)
     cut, final = interrupt_then_resume_fresh(module, monkeypatch, capsys, flags, k, full=True)
-    assert cut["state"]["rb"]["t"] == k and cut["state"]["updates"] > 0
+    assert cut["state"]["rb"]["pos"] == k and cut["state"]["updates"] > 0
     if module is r2d2:  # both cases at the cut: a game's first observation, and a game in progress
         assert cut["state"]["is_first"].any() and not cut["state"]["is_first"].all()
     before, after = cut["state"]["rb"], final["state"]["rb"]
@@ -791,15 +791,15 @@ def test_r2d2_fresh_resume_trains_no_sequence_across_the_cut(name, tmp_path, mon
     args = module.Args(**flags)
     rb = module.SequenceReplay(args, before["obs"].shape[2:], before["obs"].numpy().dtype)
     rb.load_state_dict(final["state"]["rb"])
-    ids = np.flatnonzero(rb.tree.leaves(np.arange(rb.max_seqs)) > 0)  # every complete window
-    first_valid = rb.seq_start[ids] + np.maximum(rb.seq_lo[ids], -rb.history)
-    last_valid = rb.seq_start[ids] + rb.seq_hi[ids] - 1
+    ids = np.flatnonzero(rb.tree.leaves(np.arange(rb.num_windows)) > 0)  # every complete window
+    first_valid = rb.window_start[ids] + np.maximum(rb.window_lo[ids], -rb.history)
+    last_valid = rb.window_start[ids] + rb.window_hi[ids] - 1
     assert not ((first_valid <= k) & (last_valid > k)).any()  # no window holds steps of both sides
     ending, starting = ids[last_valid == k], ids[first_valid == k + 1]
-    assert len(np.unique(rb.seq_env[ending])) == (~cut["state"]["is_first"]).sum()  # each game in progress ends there
-    assert len(np.unique(rb.seq_env[starting])) == args.num_envs  # and every env starts a new episode after it
+    assert len(np.unique(rb.window_env[ending])) == (~cut["state"]["is_first"]).sum()  # each game in progress ends there
+    assert len(np.unique(rb.window_env[starting])) == args.num_envs  # and every env starts a new episode after it
 
-    slot = rb.seq_start[ending][None] + np.arange(rb.window)[:, None]  # the stream step of each position
+    slot = rb.window_start[ending][None] + np.arange(rb.window)[:, None]  # the stream step of each position
     batch = rb.gather(ending, "cpu")
     assert (batch["done"] & ~batch["terminated"])[torch.as_tensor(slot == k - 1)].all()  # targets stop and bootstrap
     weights = final["state"]["q_network"]
@@ -810,11 +810,11 @@ def test_r2d2_fresh_resume_trains_no_sequence_across_the_cut(name, tmp_path, mon
     assert (trained_slot == k).any() and not mask[torch.as_tensor(trained_slot == k)].any()  # the reset step: no loss
 
     batch = rb.gather(starting, "cpu")
-    position = torch.as_tensor(rb.seq_lo[starting])  # the first post-cut step of each window
+    position = torch.as_tensor(rb.window_lo[starting])  # the first post-cut step of each window
     columns = torch.arange(len(starting))
     assert batch["is_first"][position, columns].all()
     assert (batch["last_action"][position, columns] == -1).all() and (batch["last_reward"][position, columns] == 0).all()
-    assert not rb.seq_h[starting].any() and not rb.seq_c[starting].any()  # the windows start from the zero state
+    assert not rb.window_h[starting].any() and not rb.window_c[starting].any()  # the windows start from the zero state
     if module is r2d2_atari:  # its frame stack holds no frame of the dropped game
         assert not batch["obs"][position, columns, :-1].any() and batch["obs"][position, columns, -1].any()
 
