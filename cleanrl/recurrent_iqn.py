@@ -539,6 +539,16 @@ class Agent:
         self.last_reward = np.where(is_reset_step, 0.0, np.clip(reward, -1, 1)).astype(np.float32)
 
 
+def head_at(network, features, taus, bootstrap):
+    """The head's quantiles (L, B, K, A) at the bootstrap positions (L, B) of features (T, B, ...) and taus (T, B, K):
+    the rows a target reads, the same numbers as running the head at every position and gathering after it."""
+
+    def rows(x):
+        return x.gather(0, bootstrap.view(*bootstrap.shape, *[1] * (x.dim() - 2)).expand(-1, -1, *x.shape[2:]))
+
+    return network.head(rows(features), rows(taus))
+
+
 def train_step(args, q_network, target_network, optimizer, rb, device):
     """One update on batch_size sequences; returns the loss, the mean Q and whether the gradient norm was finite, as
     device tensors (no sync)."""
@@ -561,18 +571,20 @@ def train_step(args, q_network, target_network, optimizer, rb, device):
     taus = taus[burn_in : burn_in + L]
     quantiles = q_network.head(features[:L], taus)  # (L, B, N, A)
     with torch.no_grad():
-        target_quantiles = target_network(**inputs, state=initial_state, taus=target_taus, bounds=window_bounds)[0][burn_in:]
         ends = [b[k][burn_in:] for k in ("reward", "terminated", "truncated")]  # slot 0: the first trained step
         returns, discounts, bootstrap = n_step_targets(*ends, args.gamma, n)  # (L, B) each
+        target_features = target_network.core(**inputs, state=initial_state, taus=target_taus, bounds=window_bounds)[0]
+        target_quantiles = head_at(target_network, target_features[burn_in:], target_taus[burn_in:], bootstrap)
         if args.iqn_before_lstm:  # the quantile samples enter the LSTM: the selection pass needs its own unroll
-            select_quantiles = q_network(**inputs, state=initial_state, taus=select_taus, bounds=window_bounds)[0][burn_in:]
+            select_features = q_network.core(**inputs, state=initial_state, taus=select_taus, bounds=window_bounds)[0]
+            select_features = select_features[burn_in:]
         else:  # reuse the LSTM features, new quantile samples in the head
-            select_quantiles = q_network.head(features, select_taus[burn_in:])
+            select_features = features
+        select_quantiles = head_at(q_network, select_features, select_taus[burn_in:], bootstrap)
         # Double Q: the online network picks the bootstrap action, the target network values it.
-        gather = lambda z: z.gather(0, bootstrap.view(L, B, 1, 1).expand(-1, -1, *z.shape[2:]))  # noqa: E731
-        next_actions = gather(select_quantiles).mean(2).argmax(2, keepdim=True)  # (L, B, 1)
+        next_actions = select_quantiles.mean(2).argmax(2, keepdim=True)  # (L, B, 1)
         next_actions = next_actions.unsqueeze(2).expand(-1, -1, args.num_tau_prime_samples, 1)
-        next_quantiles = gather(target_quantiles).gather(3, next_actions).squeeze(3)  # (L, B, N')
+        next_quantiles = target_quantiles.gather(3, next_actions).squeeze(3)  # (L, B, N')
         if args.value_rescaling:
             next_quantiles = inverse_value_rescale(next_quantiles)
         targets = returns.unsqueeze(2) + discounts.unsqueeze(2) * next_quantiles

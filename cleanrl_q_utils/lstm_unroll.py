@@ -35,8 +35,13 @@ def unroll_lstm(lstm, x, state, keep, bounds, segmented=None):
             outputs.append(out)
         return torch.cat(outputs), (h, c)
     input_gates = F.linear(x, lstm.weight_ih_l0, lstm.bias_ih_l0 + lstm.bias_hh_l0)
-    for t in range(x.shape[0]):
-        h, c = lstm_step(input_gates[t], h * keep[t], c * keep[t], lstm)
+    # unbind, not input_gates[t]: the backward then stacks the steps' gradients once rather than adding a zero-filled
+    # copy of the whole tensor per step
+    restarts = (keep != 1).flatten(1).any(1).tolist()  # a product by one is the state itself: skipped
+    for t, gates in enumerate(input_gates.unbind(0)):
+        if restarts[t]:
+            h, c = h * keep[t], c * keep[t]
+        h, c = lstm_step(gates, h, c, lstm)
         outputs.append(h)
     return torch.stack(outputs), (h, c)
 
@@ -47,8 +52,8 @@ def unroll_lstm_merged(lstm, x, state, keep):
     h, c = state
     input_gates = F.linear(x, lstm.weight_ih_l0, lstm.bias_ih_l0 + lstm.bias_hh_l0)
     outputs = []
-    for t in range(x.shape[0]):
-        out, c = lstm_step(input_gates[t], (h * keep[t]).unsqueeze(1), (c * keep[t]).unsqueeze(1), lstm)
+    for t, gates in enumerate(input_gates.unbind(0)):
+        out, c = lstm_step(gates, (h * keep[t]).unsqueeze(1), (c * keep[t]).unsqueeze(1), lstm)
         h, c = out.mean(1), c.mean(1)
         outputs.append(out)
     return torch.stack(outputs), (h, c)
