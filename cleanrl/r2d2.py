@@ -38,8 +38,9 @@ envpool = classic_control.import_envpool()  # None off Linux (it has Linux wheel
 
 # The layout of checkpoint.pt, which a resume checks; 3: the burn-in is a prefix before --seq-len trained steps,
 # and --sequence-period sets how often a sequence starts; 4: the replay keeps the actors' Q-values, not a max priority;
-# 5: the replay's write position is `pos` and its window records `window_*` (were `t`, `seq_*`)
-CHECKPOINT_FORMAT = 5
+# 5: the replay's write position is `pos` and its window records `window_*` (were `t`, `seq_*`); 6: the flag
+# --target-network-frequency (in learner updates here, in agent steps elsewhere) is --target-update-period
+CHECKPOINT_FORMAT = 6
 # Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
 # so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
 # the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
@@ -103,7 +104,7 @@ class Args:
     """the epsilon of the Adam optimizer"""
     max_grad_norm: float = 40.0
     """the global norm the gradients are clipped to"""
-    target_network_frequency: int = 100
+    target_update_period: int = 100
     """the number of learner updates (not agent steps) between copies of the online network into the target network"""
     replay_ratio: float = 16.0
     """the average number of times each collected step is replayed as a trained (non burn-in) step"""
@@ -151,7 +152,7 @@ MINATAR_DEFAULTS = dict(
     replay_ratio=4.0,
     # the script's learning rate, 1e-3, and Adam epsilon, the paper's 1e-3: the loss sums over the 20 trained steps, as
     # Acme and SEED RL; under a mean over them (gradients 20 times smaller) Breakout stayed random and needed 1e-5
-    target_network_frequency=100,  # a copy every 16k agent steps: 61 in a 1M-step run, 123 in 2M (docs: Deviations)
+    target_update_period=100,  # a copy every 16k agent steps: 61 in a 1M-step run, 123 in 2M (docs: Deviations)
     # the paper's fixed per-actor epsilons 0.4^(1 + 7i/15), as r2d2_atari.py: a base decaying to 0.01 left all but one greedy
     start_e=0.4,
     end_e=0.4,
@@ -438,10 +439,10 @@ def sequence_priorities(abs_td: torch.Tensor, mask: torch.Tensor, eta: float = 0
 
 def target_copies(args: Args) -> int:
     """The target-network copies a run of these flags makes: after `learning_starts`, one update per
-    batch_size * seq_len / replay_ratio collected steps, a copy every `target_network_frequency` updates."""
+    batch_size * seq_len / replay_ratio collected steps, a copy every `target_update_period` updates."""
     learning_iterations = max(args.total_timesteps // args.num_envs - args.learning_starts // args.num_envs, 0)
     updates = int(learning_iterations * args.num_envs * args.replay_ratio / (args.batch_size * args.seq_len))
-    return updates // args.target_network_frequency
+    return updates // args.target_update_period
 
 
 def linear_schedule(start: float, end: float, duration: float, t):
@@ -620,7 +621,7 @@ def main(args: Args) -> list[float]:
         print(f"replay: {per_observation} per stored observation")
         run.writer.add_text("replay", f"{per_observation} per stored observation")
         updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * args.seq_len)
-        print(f"target network: {target_copies(args)} copies, one every {args.target_network_frequency} updates")
+        print(f"target network: {target_copies(args)} copies, one every {args.target_update_period} updates")
 
         h, c = torch.zeros(2, num_envs, args.lstm_size, device=device)  # the actors' LSTM state
         is_first, is_reset_step = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
@@ -722,7 +723,7 @@ def main(args: Args) -> list[float]:
                 updates_finite &= grads_finite
                 rb.update_priorities(ids, priorities.cpu().numpy())
                 updates += 1
-                if updates % args.target_network_frequency == 0:
+                if updates % args.target_update_period == 0:
                     target_network.load_state_dict(q_network.state_dict())
                 if updates % args.log_interval == 0:
                     run.check_finite(updates_finite, global_step)

@@ -37,8 +37,9 @@ envpool = classic_control.import_envpool()  # None off Linux (Linux wheels only)
 
 # The layout of checkpoint.pt, which a resume checks; 3: the burn-in is a prefix before --seq-len trained steps,
 # and --sequence-period sets how often a sequence starts; 4: the replay keeps the actors' Q-values, not a max priority;
-# 5: the replay's write position is `pos` and its window records `window_*` (were `t`, `seq_*`)
-CHECKPOINT_FORMAT = 5
+# 5: the replay's write position is `pos` and its window records `window_*` (were `t`, `seq_*`); 6: the flag
+# --target-network-frequency (in learner updates here, in agent steps elsewhere) is --target-update-period
+CHECKPOINT_FORMAT = 6
 # Evaluation environments are seeded --seed + EVAL_SEED_OFFSET. The training envs take seeds --seed .. --seed + num_envs - 1,
 # so evaluation must not start there (it would replay their first games), nor at another run's training seeds: with
 # the seeds runs use (1-10 or so) and up to ~990 envs, --seed + 1000 lies past every one of them.
@@ -104,7 +105,7 @@ class Args:
     """the global norm the gradients are clipped to"""
     # the paper's 2,500 gives 3 copies in a 10M-step run; 50: 155 copies, 780 in 50M steps (200M frames), about the
     # paper's 800 (docs/rl-algorithms/r2d2.md, Deviations)
-    target_network_frequency: int = 50
+    target_update_period: int = 50
     """the number of learner updates (not agent steps) between copies of the online network into the target network"""
     replay_ratio: float = 4.0
     """the average number of times each collected step is replayed as a trained (non burn-in) step"""
@@ -419,10 +420,10 @@ def sequence_priorities(abs_td: torch.Tensor, mask: torch.Tensor, eta: float = 0
 
 def target_copies(args: Args) -> int:
     """The target-network copies a run of these flags makes: after `learning_starts`, one update per
-    batch_size * seq_len / replay_ratio collected steps, a copy every `target_network_frequency` updates."""
+    batch_size * seq_len / replay_ratio collected steps, a copy every `target_update_period` updates."""
     learning_iterations = max(args.total_timesteps // args.num_envs - args.learning_starts // args.num_envs, 0)
     updates = int(learning_iterations * args.num_envs * args.replay_ratio / (args.batch_size * args.seq_len))
-    return updates // args.target_network_frequency
+    return updates // args.target_update_period
 
 
 def linear_schedule(start: float, end: float, duration: float, t):
@@ -601,7 +602,7 @@ def main(args: Args) -> list[float]:
         print(f"replay: {per_observation} per stored observation")
         run.writer.add_text("replay", f"{per_observation} per stored observation")
         updates_per_vector_step = num_envs * args.replay_ratio / (args.batch_size * args.seq_len)
-        print(f"target network: {target_copies(args)} copies, one every {args.target_network_frequency} updates")
+        print(f"target network: {target_copies(args)} copies, one every {args.target_update_period} updates")
 
         h, c = torch.zeros(2, num_envs, args.lstm_size, device=device)  # the actors' LSTM state
         is_first, is_reset_step = np.ones(num_envs, dtype=bool), np.zeros(num_envs, dtype=bool)
@@ -706,7 +707,7 @@ def main(args: Args) -> list[float]:
                 updates_finite &= grads_finite
                 rb.update_priorities(ids, priorities.cpu().numpy())
                 updates += 1
-                if updates % args.target_network_frequency == 0:
+                if updates % args.target_update_period == 0:
                     target_network.load_state_dict(q_network.state_dict())
                 if updates % args.log_interval == 0:
                     run.check_finite(updates_finite, global_step)

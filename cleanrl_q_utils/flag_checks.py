@@ -58,7 +58,8 @@ VIDEO_MODULES = {
 
 COUNT_FLAGS = (  # numbers of things: at least 1
     "total_timesteps num_envs num_steps num_minibatches update_epochs batch_size buffer_size seq_len n_step "
-    "train_frequency target_network_frequency hidden_size lstm_size quantile_embedding_dim num_tau_samples "
+    "train_frequency target_network_frequency target_update_period hidden_size lstm_size quantile_embedding_dim "
+    "num_tau_samples "
     "num_tau_prime_samples num_quantile_samples log_interval max_episode_steps frame_stack sequence_period"
 ).split()
 

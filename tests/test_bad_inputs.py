@@ -25,7 +25,8 @@ SCRIPTS += [recurrent_iqn, recurrent_iqn_atari]
 ATARI = {pqn_atari_envpool, pqn_atari_envpool_lstm, iqn_atari, r2d2_atari, recurrent_iqn_atari}
 COUNTS = (
     "total_timesteps num_envs num_steps num_minibatches update_epochs batch_size buffer_size seq_len n_step "
-    "train_frequency target_network_frequency hidden_size lstm_size quantile_embedding_dim num_tau_samples "
+    "train_frequency target_network_frequency target_update_period hidden_size lstm_size quantile_embedding_dim "
+    "num_tau_samples "
     "num_tau_prime_samples num_quantile_samples log_interval max_episode_steps frame_stack"
 ).split()
 BAD = (

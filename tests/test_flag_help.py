@@ -23,10 +23,6 @@ PER_ACTOR_EPSILONS = (*R2D2, "recurrent_iqn", "recurrent_iqn_atari")
 # Fields whose name means different things in different scripts: the scripts of each group share one wording
 # (None: each script words it for its own network).
 EXCEPTIONS = {
-    "target_network_frequency": (
-        (R2D2, ("dqn_dueling_per", "iqn", "iqn_atari", "recurrent_iqn", "recurrent_iqn_atari")),
-        "r2d2*.py count learner updates between target copies, as the R2D2 paper; the others count agent steps",
-    ),
     "batch_size": (
         (TRANSITION_REPLAY, PER_ACTOR_EPSILONS),
         "a batch is of transitions in the scripts with transition replay, of sequences in those with sequence replay",

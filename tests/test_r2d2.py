@@ -414,7 +414,7 @@ def copies_by_simulating_the_loop(args) -> tuple[int, int]:
         while credit >= 1:
             credit -= 1
             updates += 1
-            if updates % args.target_network_frequency == 0:
+            if updates % args.target_update_period == 0:
                 copies += 1
                 first_copy = first_copy or global_step
     return copies, first_copy
@@ -457,7 +457,7 @@ def test_smoke_r2d2_atari(tmp_path, monkeypatch):
         n_step=2,
         lstm_size=32,
         replay_ratio=2.0,
-        target_network_frequency=2,
+        target_update_period=2,
         log_interval=2,
     )
     scores = r2d2_atari.main(args)
