@@ -730,7 +730,7 @@ def main(args: Args) -> list[float]:
                     run.writer.add_scalar("losses/td_loss", loss.item(), global_step)
                     run.writer.add_scalar("losses/q_values", (q_taken * mask).sum().item() / mask.sum().item(), global_step)
                     run.writer.add_scalar("charts/beta", args.prioritized_replay_beta, global_step)
-                    run.writer.add_scalar("charts/epsilon", float(epsilons.mean()), global_step)
+                    run.writer.add_scalar("charts/epsilon", base_epsilon, global_step)  # the schedule's, as every script
                     run.writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
                     run.writer.add_scalar("charts/SPS", progress.sps(global_step), global_step)
             progress.print(global_step, stats.recent, updates=updates)
