@@ -67,6 +67,7 @@ def test_resume_without_replay_refills_the_buffer_and_finishes(tmp_path, monkeyp
     path = str(checkpoint_of())
     loss, updates = script.weighted_huber_loss, []
     monkeypatch.setattr(script, "weighted_huber_loss", lambda *a: updates.append(1) or loss(*a))
+    monkeypatch.setattr(script, "seconds_per_update", lambda *a: 0.001)  # the start-up timing's updates are not the run's
     with pytest.raises(SystemExit, match=r"^error: --gamma=0.5: cannot change on resume \(the checkpoint has 0.99\)"):
         main(Args(resume=path, checkpoint_every=1000, gamma=0.5))
     scores = main(Args(resume=path, checkpoint_every=1000))
@@ -127,6 +128,7 @@ def test_nan_loss_stops_the_run_without_a_broken_checkpoint(tmp_path, monkeypatc
         return loss(*args) * (float("nan") if len(calls) == 3 else 1.0)
 
     monkeypatch.setattr(script, "weighted_huber_loss", nan_on_third_call)
+    monkeypatch.setattr(script, "seconds_per_update", lambda *a: 0.001)  # the start-up timing's updates are not the run's
     # One update per iteration of 4 steps after step 200: the third one is at step 212.
     with pytest.raises(SystemExit, match=f"non-finite loss or Q-values by step {stop}; last good checkpoint: {last_good}"):
         main(Args(**tiny("dqn_dueling_per"), checkpoint_every=checkpoint_every))

@@ -125,6 +125,7 @@ def test_nan_loss_stops_without_checkpointing_the_broken_network(tmp_path, monke
         return out * float("nan") if len(calls) == 3 else out
 
     monkeypatch.setattr(iqn, "quantile_huber_loss", nan_on_third_call)
+    monkeypatch.setattr(iqn, "seconds_per_update", lambda *a: 0.001)  # the start-up timing's updates are not the run's
     # Updates at steps 204, 208, 212: the third one is poisoned; the last checkpoint is the one of step 200. The NaN is
     # read at the next checkpoint (step 300), or without checkpoints at the next logging (every 100 updates: step 600).
     with pytest.raises(SystemExit, match=r"non-finite loss or Q-values by step 300; last good checkpoint: runs/.*pt"):

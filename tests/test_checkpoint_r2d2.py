@@ -114,6 +114,7 @@ def test_non_finite_loss_stops_the_run(tmp_path, monkeypatch):
         return (td * float("nan") if len(calls) == 3 else td), mask, q_taken
 
     monkeypatch.setattr(r2d2, "sequence_td_errors", nan_on_third_call)
+    monkeypatch.setattr(r2d2, "seconds_per_update", lambda *a: 0.001)  # the start-up timing's updates are not the run's
     with pytest.raises(SystemExit, match=r"non-finite .* by step \d+; last good checkpoint: none written"):
         r2d2.main(r2d2.Args(**tiny("r2d2")))
     assert not glob.glob("runs/*/checkpoint.pt")

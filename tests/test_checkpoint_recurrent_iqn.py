@@ -94,6 +94,9 @@ def test_resume_without_replay_waits_for_learning_starts(tmp_path, monkeypatch):
     assert read_checkpoint(path)["state"]["updates"] > 0
     train_step, filled = recurrent_iqn.train_step, []  # steps per environment in the replay at each update
     monkeypatch.setattr(recurrent_iqn, "train_step", lambda *a: filled.append(a[4].pos) or train_step(*a))
+    monkeypatch.setattr(
+        recurrent_iqn, "seconds_per_update", lambda *a: 0.001
+    )  # the start-up timing's updates are not the run's
     recurrent_iqn.main(vector_args(resume=path))
     assert filled and min(filled) > 160 // 4  # the empty buffer is filled for learning_starts steps again
 
@@ -123,6 +126,9 @@ def test_non_finite_loss_stops_the_run(tmp_path, monkeypatch):
         return value * float("nan") if len(calls) == 3 else value
 
     monkeypatch.setattr(recurrent_iqn, "quantile_huber_loss", nan_on_third_call)
+    monkeypatch.setattr(
+        recurrent_iqn, "seconds_per_update", lambda *a: 0.001
+    )  # the start-up timing's updates are not the run's
     handler = signal.getsignal(signal.SIGINT)
     # updates every 40 steps from step 160 on (32 slots x 6 / replay ratio 16 / 4 envs = 3 iterations; first at 168)
     with pytest.raises(SystemExit, match=r"non-finite loss or Q-values by step \d+; last good checkpoint: none"):
