@@ -13,7 +13,10 @@ Docs: docs/rl-algorithms/dqn_dueling_per.md
 
 import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
 
+import copy
+import math
 import os
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -24,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cleanrl_q_utils import (
+    checkpoint_files,
     classic_control,
     command_line,
     environments,
@@ -594,6 +598,48 @@ def evaluate(weights: dict, args: Args, device: torch.device, video_folder: str)
     return stats.scores
 
 
+def train_step(q_network, target_network, optimizer, batch: tuple, weights, max_grad_norm: float, priority_eps: float):
+    """One gradient step on a sampled `batch` (obs, actions, returns, discounts, next_obs tensors) with importance
+    `weights` (B,). Returns the loss and the mean Q(s, a) as device tensors, the new priorities |TD error| + eps (B,)
+    as an array, and whether the gradient norm was finite (a device tensor, read at logging intervals)."""
+    b_obs, b_actions, b_returns, b_discounts, b_next_obs = batch
+    # One online pass over obs and next obs: for small networks the per-call overhead dominates.
+    q_online, next_q_online = q_network(torch.cat([b_obs, b_next_obs])).split(len(b_obs))
+    with torch.no_grad():
+        targets = double_q_targets(b_returns, b_discounts, next_q_online, target_network(b_next_obs))
+    q_taken = q_online.gather(1, b_actions[:, None]).squeeze(1)
+    loss = weighted_huber_loss(q_taken, targets, weights)
+    optimizer.zero_grad()
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(q_network.parameters(), max_grad_norm)
+    optimizer.step()
+    priorities = (targets - q_taken).detach().abs().cpu().numpy() + priority_eps
+    return loss.detach(), q_taken.detach().mean(), priorities, torch.isfinite(grad_norm)
+
+
+def seconds_per_update(q_network, target_network, optimizer, args, obs_shape: tuple, device) -> float:
+    """Seconds one update takes, timed before the loop for the progress line's first estimate: `train_step` on copies of
+    the networks (and a fresh optimizer of the same kind) with a batch of zeros of the real shapes and dtypes, the
+    fastest of 3 calls after an untimed one (which pays for first-call allocations). Every random generator is left
+    as it was, so that the run's numbers do not depend on the timing."""
+    rng = checkpoint_files.rng_states()
+    online, target = copy.deepcopy(q_network), copy.deepcopy(target_network)
+    timed_optimizer = type(optimizer)(online.parameters(), **optimizer.defaults)
+    obs = torch.as_tensor(np.zeros((args.batch_size, *obs_shape), dtype=buffer_obs_dtype(obs_shape)), device=device)
+    returns = torch.zeros(args.batch_size, device=device)
+    batch = (obs, torch.zeros(args.batch_size, dtype=torch.int64, device=device), returns, returns.clone(), obs.clone())
+    weights = torch.ones(args.batch_size, device=device)
+    times = []
+    for _ in range(4):
+        start = time.perf_counter()
+        train_step(online, target, timed_optimizer, batch, weights, args.max_grad_norm, args.prioritized_replay_eps)
+        if device.type == "cuda":  # kernels run asynchronously: the update ends when the device is done
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    checkpoint_files.set_rng_states(rng)
+    return sorted(times[1:])[1]
+
+
 def main(args: Args) -> list[float]:
     args = with_atari_defaults(command_line.with_minatar_defaults(args, MINATAR_DEFAULTS))
     if args.eval_only:  # rebuild a saved agent from its model file and evaluate it, no training
@@ -676,7 +722,10 @@ def main(args: Args) -> list[float]:
                 window.length[:] = 0  # the frames of the pending transitions were not saved
         if atari and (not checkpoint or saved["rb"] is None):
             rb.begin(obs)  # the frames of the current stacks, which the next ones run on from
-        progress = run.progress(start_iteration * args.num_envs)
+        # One update every train_frequency agent steps, made only at the iterations whose global_step is a multiple of it.
+        updates_per_step = math.gcd(args.num_envs, args.train_frequency) / (args.train_frequency * args.num_envs)
+        timed = seconds_per_update(q_network, target_network, optimizer, args, obs_shape, device)
+        progress = run.progress(start_iteration * args.num_envs, updates_per_step, timed)
         # The NaN stop, kept on the device and read at logging intervals: no wait for the device at every update.
         updates_finite = torch.ones((), dtype=torch.bool, device=device)
 
@@ -696,22 +745,16 @@ def main(args: Args) -> list[float]:
             if global_step > learn_from and global_step % args.train_frequency == 0:
                 beta = linear_schedule(args.prioritized_replay_beta, 1.0, args.total_timesteps, global_step)
                 batch, indices, weights = rb.sample(args.batch_size, beta)
-                b_obs, b_actions, b_returns, b_discounts, b_next_obs = (torch.as_tensor(x, device=device) for x in batch)
-                # One online pass over obs and next obs: for small networks the per-call overhead dominates.
-                q_online, next_q_online = q_network(torch.cat([b_obs, b_next_obs])).split(args.batch_size)
-                with torch.no_grad():
-                    targets = double_q_targets(b_returns, b_discounts, next_q_online, target_network(b_next_obs))
-                q_taken = q_online.gather(1, b_actions[:, None]).squeeze(1)
-                loss = weighted_huber_loss(q_taken, targets, torch.as_tensor(weights, device=device))
+                batch = tuple(torch.as_tensor(x, device=device) for x in batch)
                 if args.anneal_lr:
                     optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
-                optimizer.zero_grad()
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
-                updates_finite &= torch.isfinite(grad_norm)
-                optimizer.step()
-                rb.update_priorities(indices, (targets - q_taken).detach().abs().cpu().numpy() + args.prioritized_replay_eps)
-                losses[updates % 100], q_means[updates % 100] = loss.detach(), q_taken.detach().mean()
+                weights = torch.as_tensor(weights, device=device)
+                loss, q_mean, priorities, finite = train_step(
+                    q_network, target_network, optimizer, batch, weights, args.max_grad_norm, args.prioritized_replay_eps
+                )
+                updates_finite &= finite
+                rb.update_priorities(indices, priorities)
+                losses[updates % 100], q_means[updates % 100] = loss, q_mean
                 updates += 1
                 if global_step - last_target_update >= args.target_network_frequency:
                     target_network.load_state_dict(q_network.state_dict())

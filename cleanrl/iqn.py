@@ -11,7 +11,9 @@ ICML 2018. Docs: docs/rl-algorithms/iqn.md
 
 import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
 
+import copy
 import os
+import time
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -21,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from cleanrl_q_utils import (
+    checkpoint_files,
     classic_control,
     command_line,
     environments,
@@ -365,6 +368,41 @@ def iqn_loss(q_network: QuantileNetwork, target_network: QuantileNetwork, data: 
     return quantile_huber_loss(quantiles, taus, target_quantiles, args.kappa).mean(), quantiles
 
 
+def train_step(q_network: QuantileNetwork, target_network: QuantileNetwork, optimizer, batch: Batch, args: Args):
+    """One gradient step on a sampled `batch`. Returns the loss, the online quantiles (B, N) and whether the gradient
+    norm was finite (a device tensor, read at logging intervals)."""
+    loss, quantiles = iqn_loss(q_network, target_network, batch, args)
+    optimizer.zero_grad()
+    loss.backward()
+    # max_norm inf leaves the gradients as they are: the norm is taken for the NaN stop
+    grad_norm = torch.nn.utils.clip_grad_norm_(q_network.parameters(), float("inf"))
+    optimizer.step()
+    return loss, quantiles, torch.isfinite(grad_norm)
+
+
+def seconds_per_update(q_network, target_network, optimizer, args: Args, obs_shape: tuple, device) -> float:
+    """Seconds one update takes, timed before the loop for the progress line's first estimate: `train_step` on copies of
+    the networks (and a fresh optimizer of the same kind) with a batch of zeros of the real shapes and dtypes, the
+    median of 3 calls after an untimed one (which pays for first-call allocations). Every random generator is left as
+    it was (the update draws its quantile levels from torch's), so that the run's numbers do not depend on the timing."""
+    rng = checkpoint_files.rng_states()
+    online, target = copy.deepcopy(q_network), copy.deepcopy(target_network)
+    timed_optimizer = type(optimizer)(online.parameters(), **optimizer.defaults)
+    obs = torch.as_tensor(np.zeros((args.batch_size, *obs_shape), dtype=np.float32), device=device)
+    returns = torch.zeros(args.batch_size, device=device)
+    actions = torch.zeros(args.batch_size, dtype=torch.int64, device=device)
+    batch = Batch(obs, actions, returns, returns.clone(), obs.clone())
+    times = []
+    for _ in range(4):
+        start = time.perf_counter()
+        train_step(online, target, timed_optimizer, batch, args)
+        if device.type == "cuda":  # kernels run asynchronously: the update ends when the device is done
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    checkpoint_files.set_rng_states(rng)
+    return sorted(times[1:])[1]
+
+
 def act(q_network: QuantileNetwork, obs, epsilon: float, num_quantile_samples: int, warm_up: bool = False) -> np.ndarray:
     """Epsilon-greedy actions (num_envs,) in the mean over K = num_quantile_samples quantiles; uniform in the warm-up."""
     num_envs, num_actions = len(obs), q_network.head[-1].out_features
@@ -462,7 +500,8 @@ def main(args: Args) -> list[float]:
             if not args.checkpoint_replay:  # an empty buffer: act until it holds learning_starts steps again
                 learn_from = start_iteration * args.num_envs + args.learning_starts
                 run.note_empty_replay(learn_from)
-        progress = run.progress(start_iteration * args.num_envs)
+        timed = seconds_per_update(q_network, target_network, optimizer, args, obs_shape, device)
+        progress = run.progress(start_iteration * args.num_envs, 1 / args.train_frequency, timed)
         # The NaN stop, kept on the device and read at logging intervals: no wait for the device at every update.
         updates_finite = torch.ones((), dtype=torch.bool, device=device)
         for iteration in range(start_iteration + 1, num_iterations + 1):
@@ -480,13 +519,9 @@ def main(args: Args) -> list[float]:
                 if args.anneal_lr:
                     optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - global_step / args.total_timesteps)
                 for _ in range(crossed(global_step, args.num_envs, args.train_frequency)):
-                    loss, quantiles = iqn_loss(q_network, target_network, rb.sample(args.batch_size), args)
-                    optimizer.zero_grad()
-                    loss.backward()
-                    # max_norm inf leaves the gradients as they are: the norm is taken for the NaN stop
-                    grad_norm = torch.nn.utils.clip_grad_norm_(q_network.parameters(), float("inf"))
-                    updates_finite &= torch.isfinite(grad_norm)
-                    optimizer.step()
+                    batch = rb.sample(args.batch_size)
+                    loss, quantiles, finite = train_step(q_network, target_network, optimizer, batch, args)
+                    updates_finite &= finite
                     updates += 1
                     if updates % 100 == 0:
                         run.check_finite(updates_finite, global_step)

@@ -13,7 +13,9 @@ Docs: docs/rl-algorithms/r2d2.md
 
 import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
 
+import copy
 import os
+import time
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -22,6 +24,7 @@ import torch
 import torch.nn as nn
 
 from cleanrl_q_utils import (
+    checkpoint_files,
     classic_control,
     command_line,
     environments,
@@ -541,6 +544,29 @@ def train_step(
     return loss, q_taken, mask, priorities, torch.isfinite(grad_norm)
 
 
+def seconds_per_update(q_network, target_network, optimizer, rb: SequenceReplay, args: Args, device) -> float:
+    """Seconds one update takes, timed before the loop for the progress line's first estimate: `train_step` on copies of
+    the networks (and a fresh optimizer of the same kind) with `batch_size` sequences gathered from the replay's first,
+    still empty, slots (zeros of the real shapes and dtypes), the median of 3 calls after an untimed one (which pays for
+    first-call allocations). Every random generator is left as it was, so that the run's numbers do not depend on the
+    timing."""
+    rng = checkpoint_files.rng_states()
+    online, target = copy.deepcopy(q_network), copy.deepcopy(target_network)
+    timed_optimizer = type(optimizer)(online.parameters(), **optimizer.defaults)
+    batch = rb.gather(np.zeros(args.batch_size, dtype=np.int64), device)
+    batch["weights"] = torch.ones(args.batch_size, device=device)
+    sizes = (args.burn_in, args.seq_len, args.n_step, args.gamma, args.max_grad_norm, args.priority_eta)
+    times = []
+    for _ in range(4):
+        start = time.perf_counter()
+        train_step(online, target, timed_optimizer, batch, *sizes)
+        if device.type == "cuda":  # kernels run asynchronously: the update ends when the device is done
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    checkpoint_files.set_rng_states(rng)
+    return sorted(times[1:])[1]
+
+
 @torch.no_grad()
 def play(model, envs, obs, mask_velocity: bool, device, epsilon: float) -> list[float]:
     """Plays one episode in each of the vectorized `envs`, from their first observations `obs`; returns the scores."""
@@ -664,7 +690,8 @@ def main(args: Args) -> list[float]:
             if not rb.save_arrays:  # the replay starts empty: collect again before learning
                 learn_from = checkpoint["global_step"] + args.learning_starts
                 run.note_empty_replay(learn_from)
-        progress = run.progress(global_step, updates_per_vector_step / num_envs)
+        timed = seconds_per_update(q_network, target_network, optimizer, rb, args, device)
+        progress = run.progress(global_step, updates_per_vector_step / num_envs, timed)
         # The NaN stop, kept on the device and read at logging intervals: no wait for the device at every update.
         updates_finite = torch.ones((), dtype=torch.bool, device=device)
         for iteration in range(global_step // num_envs, num_iterations):

@@ -10,7 +10,9 @@ Docs: docs/rl-algorithms/recurrent_iqn.md
 
 import cleanrl_q_utils.quiet_start  # noqa: F401  (first: a signal while torch loads exits quietly)
 
+import copy
 import os
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -21,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cleanrl_q_utils import (
+    checkpoint_files,
     classic_control,
     command_line,
     environments,
@@ -577,6 +580,49 @@ def train_step(args, q_network, target_network, optimizer, rb, device):
     return loss_value.detach(), (chosen.detach().mean(2) * mask).sum() / mask.sum().clamp(min=1.0), torch.isfinite(grad_norm)
 
 
+class StartUpReplay:
+    """Stands in for the replay when the update is timed before the loop, with nothing stored yet: every sample is the
+    same `batch_size` windows of the replay's first slots (zeros of the real shapes and dtypes), at equal sampling
+    probabilities where the replay is prioritized; new priorities are dropped."""
+
+    def __init__(self, rb: SequenceReplay, batch_size: int):
+        self.window, self.batch_size = rb.window, batch_size
+        envs, slots = np.zeros((1, batch_size), dtype=np.int64), np.arange(rb.window)[:, None] % rb.capacity  # (T, B)
+        self.batch = {key: getattr(rb, key)[envs, slots] for key in rb.ARRAYS}
+        state = rb.state[torch.zeros(batch_size, dtype=torch.int64), torch.zeros(batch_size, dtype=torch.int64)]
+        self.state = (state[:, 0], state[:, 1])
+        self.probs = None if rb.priorities is None else np.full(batch_size, 1 / batch_size)
+
+    def sample(self, batch_size):
+        return self.batch, self.state, np.zeros(batch_size, dtype=np.int64), self.probs
+
+    def num_valid(self):
+        return self.batch_size
+
+    def update_priorities(self, ids, priorities):
+        pass
+
+
+def seconds_per_update(args, q_network, target_network, optimizer, rb: SequenceReplay, device) -> float:
+    """Seconds one update takes, timed before the loop for the progress line's first estimate: `train_step` on copies of
+    the networks (and a fresh optimizer of the same kind) with the batch of a `StartUpReplay`, the median of 3 calls
+    after an untimed one (which pays for first-call allocations). Every random generator is left as it was (the update
+    draws its quantile levels from torch's), so that the run's numbers do not depend on the timing."""
+    rng = checkpoint_files.rng_states()
+    online, target = copy.deepcopy(q_network), copy.deepcopy(target_network)
+    timed_optimizer = type(optimizer)(online.parameters(), **optimizer.defaults)
+    replay = StartUpReplay(rb, args.batch_size)
+    times = []
+    for _ in range(4):
+        start = time.perf_counter()
+        train_step(args, online, target, timed_optimizer, replay, device)
+        if device.type == "cuda":  # kernels run asynchronously: the update ends when the device is done
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    checkpoint_files.set_rng_states(rng)
+    return sorted(times[1:])[1]
+
+
 def evaluate(weights: dict, args, device, video_folder: str):
     """Plays `args.eval_episodes` whole games (all lives) with the network of `weights` (a model file's) at
     `args.eval_epsilon` on the training environments, recurrent inputs reset at every life start as in training; returns
@@ -686,7 +732,8 @@ def main(args: Args) -> list[float]:
             if not args.checkpoint_replay:  # the replay starts empty: collect again before learning
                 learn_from = start_iteration * args.num_envs + args.learning_starts
                 run.note_empty_replay(learn_from)
-        progress = run.progress(start_iteration * args.num_envs, 1 / (update_every * args.num_envs))
+        timed = seconds_per_update(args, q_network, target_network, optimizer, rb, device)
+        progress = run.progress(start_iteration * args.num_envs, 1 / (update_every * args.num_envs), timed)
         epsilon_floor = args.end_e if args.min_epsilon is None else args.min_epsilon
         # The NaN stop, kept on the device and read at logging intervals: no wait for the device at every update.
         updates_finite = torch.ones((), dtype=torch.bool, device=device)

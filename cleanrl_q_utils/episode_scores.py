@@ -59,11 +59,14 @@ class Progress:
     """The console line of a long run, at most every `interval` seconds: steps, percent done, SPS, recent return and
     time left. The time left comes from the rate since learning started (at `learning_starts`): the steps before it
     only act and run much faster, so a rate that counted them would promise too little time. Until learning starts
-    the line says when the warm-up ends (its remaining steps at the acting time per step measured so far) and how long
-    the run takes at least: all its remaining steps at that acting time, a bound that leaves out the updates, not yet
-    timed (every step after the warm-up acts and also trains). The bound stays, marked "at least", until the first
-    estimate. A script whose updates are few and long (one per hundreds or thousands of agent steps, and only once
-    whole sequences are stored) gives `updates_per_step` and its update count to `print`: the time left is then the
+    the line says when the warm-up ends (its remaining steps at the acting time per step measured so far) and the
+    whole run's estimate from a start-up timing: a script that timed its update before the loop gives
+    `seconds_per_update` and `updates_per_step` (updates per agent step once learning runs), and the run takes its
+    remaining steps at the measured acting time plus, for every step after the warm-up, `updates_per_step` timed
+    updates. The line marks it "updates timed at start-up" until the rate measured since learning started replaces
+    it. Without a start-up timing the line gives a lower bound instead, all remaining steps at the acting time ("at
+    least", updates not yet timed). A script whose updates are few and long (one per hundreds or thousands of agent
+    steps, and only once whole sequences are stored) also gives its update count to `print`: the time left is then the
     remaining steps at the measured acting time per step plus the remaining updates at the measured time per update,
     known from the first update on. `slow_hint`, when given, is printed once: with the first bound or estimate that
     says the run takes over a day more, else never."""
@@ -76,11 +79,13 @@ class Progress:
         interval: float = 10.0,
         slow_hint=None,
         updates_per_step: float = 0.0,
+        seconds_per_update: Optional[float] = None,
     ):
         self.total, self.start_step, self.interval, self.slow_hint = total_timesteps, start_step, interval, slow_hint
         self.start_time = self.last_print = time.time()
         self.learning_starts, self.origin = learning_starts, None  # origin: (step, time) of the rate's first point
         self.updates_per_step, self.last_call = updates_per_step, None  # last_call: (step, updates, time)
+        self.seconds_per_update = seconds_per_update  # timed by the script before its loop, on a synthetic batch
         # time spent between calls without an update (acting), and between calls with updates (and their steps)
         self.act_steps = self.act_seconds = self.updates_timed = self.update_seconds = self.update_call_steps = 0
         self.warm_up = None  # (first step, its time, last step, its time) of the calls before learning starts
@@ -102,7 +107,7 @@ class Progress:
 
     def time_left(self, global_step: int) -> Optional[float]:
         """Seconds left at the rate since learning started; None before a rate is known."""
-        if self.updates_per_step:
+        if self.last_call is not None:  # the script counts its updates: acting and updating are timed apart
             if not (self.updates_timed and self.act_steps and self.act_seconds):
                 return None
             per_step = self.act_seconds / self.act_steps  # the acting steps of calls with updates are not update time
@@ -132,6 +137,15 @@ class Progress:
         per_step = self.acting_seconds_per_step()
         return None if per_step is None else (self.total - global_step) * per_step
 
+    def start_up_estimate(self, global_step: int) -> Optional[float]:
+        """Seconds left from the acting time per step measured in the warm-up and the update timed at start-up: every
+        remaining step acts, and every step from learning_starts on also trains for updates_per_step updates."""
+        per_step = self.acting_seconds_per_step()
+        if per_step is None or self.seconds_per_update is None:
+            return None
+        training_steps = self.total - max(global_step, self.learning_starts)
+        return (self.total - global_step) * per_step + training_steps * self.updates_per_step * self.seconds_per_update
+
     def print(self, global_step: int, recent_scores, force: bool = False, updates: Optional[int] = None) -> None:
         now = time.time()
         if updates is not None:
@@ -144,6 +158,9 @@ class Progress:
         self.last_print = now
         sps, mean = self.sps(global_step), np.mean(recent_scores) if len(recent_scores) else float("nan")
         left, bound = self.time_left(global_step), self.at_least(global_step)
+        start_up = self.start_up_estimate(global_step) if left is None else None
+        if start_up is not None:
+            bound = None  # the estimate says more than the bound, which leaves the updates out
         if global_step >= self.total:
             eta = "done"
         elif left is not None:
@@ -152,20 +169,28 @@ class Progress:
             warm_up = self.warm_up_left(global_step)
             ends = f" in {format_duration(warm_up)}" if warm_up is not None else ""
             eta = f"warming up (learning starts at step {self.learning_starts}{ends})"
-            if bound is not None:
+            if start_up is not None:
+                eta += f"; ETA {format_duration(start_up)} (updates timed at start-up)"
+            elif bound is not None:
                 eta += f"; ETA at least {format_duration(bound)}, updates not yet timed"
+        elif start_up is not None:  # learning started, its rate not yet measured
+            eta = f"ETA {format_duration(start_up)} (updates timed at start-up)"
         else:  # learning started; with updates counted, the first update has not yet been timed
-            eta = "ETA after the first update" if self.updates_per_step and not self.updates_timed else "ETA measuring"
+            eta = "ETA after the first update" if self.last_call is not None and not self.updates_timed else "ETA measuring"
             if bound is not None:
                 eta += f" (at least {format_duration(bound)})"
         print(
             f"step {global_step:>9}/{self.total} ({100 * global_step / self.total:5.1f}%) | SPS {sps:>6} | "
             f"return(100) {mean:8.2f} | {eta}"
         )
-        slow = left if left is not None else bound if global_step < self.total else None
+        slow = next((x for x in (left, start_up, bound) if x is not None), None) if global_step < self.total else None
         if self.slow_hint and slow is not None and slow > 86400:
-            speed = "since learning began" if left is not None else "so far, acting alone (no update counted)"
-            more = "takes" if left is not None else "takes at least"
+            if left is not None:
+                speed, more = "since learning began", "takes"
+            elif start_up is not None:
+                speed, more = "so far and the update timed at start-up", "takes about"
+            else:
+                speed, more = "so far, acting alone (no update counted)", "takes at least"
             print(f"warning: at the speed measured {speed} this run {more} {format_duration(slow)} more; {self.slow_hint}")
             self.slow_hint = None
         elif left is not None:  # a bound under a day says nothing yet: the hint waits for the estimate

@@ -213,7 +213,7 @@ def print_start_block(
     if memory:
         print(f"  memory: {memory_line(memory)}")
     if device.type == "cpu" and args.env_id.endswith("-v5"):
-        soon = "the first progress line, in 10 s, says how long the run takes at least"
+        soon = "the first progress line, in 10 s, estimates how long the run takes"
         print(f"warning: Atari on a CPU is slow ({soon}); {slow_hint(script)}")
 
 

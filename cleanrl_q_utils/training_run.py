@@ -109,16 +109,25 @@ class Run:
             rows = "\n".join(f"|{key}|{value}|" for key, value in {**vars(args), **setting}.items())
             self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows)
 
-    def progress(self, start_step: int, updates_per_step: float = 0.0) -> episode_scores.Progress:
-        """The progress line of this run, its time left measured from the step learning (re)starts at (with
-        `updates_per_step`: from the acting time per step and the time per update, see `Progress`), and until then the
-        warm-up's end and a lower bound of the run; Atari on a CPU warns with the first estimate or bound if the run
-        would take over a day more."""
+    def progress(
+        self, start_step: int, updates_per_step: float = 0.0, seconds_per_update: Optional[float] = None
+    ) -> episode_scores.Progress:
+        """The progress line of this run, its time left measured from the step learning (re)starts at (for a script that
+        also gives its update count to `print`: from the acting time per step and the time per update, see `Progress`).
+        Until then the line says the warm-up's end and the whole run's estimate from `seconds_per_update`, the script's
+        update timed before its loop, and `updates_per_step`, its updates per agent step once learning runs (without a
+        timing: a lower bound of the run). Atari on a CPU warns with the first estimate or bound if the run would take
+        over a day more."""
         slow = self.device.type == "cpu" and self.args.env_id.endswith("-v5")
         learning_starts = self.learn_from or getattr(self.args, "learning_starts", 0)
         hint = run_folder.slow_hint(self.script) if slow else None
         return episode_scores.Progress(
-            self.args.total_timesteps, start_step, learning_starts, slow_hint=hint, updates_per_step=updates_per_step
+            self.args.total_timesteps,
+            start_step,
+            learning_starts,
+            slow_hint=hint,
+            updates_per_step=updates_per_step,
+            seconds_per_update=seconds_per_update,
         )
 
     def note_empty_replay(self, learn_from: int) -> None:

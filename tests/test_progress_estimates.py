@@ -1,10 +1,16 @@
 """What a run says from its first lines on about the time and the memory it will take (cleanrl_q_utils:
-episode_scores.Progress, run_folder.memory_line, flag_checks.check_run_memory): the warm-up's end and a lower bound of
-the run in the first progress line, and the memory line of the start-up block of every script."""
+episode_scores.Progress, run_folder.memory_line, flag_checks.check_run_memory): the warm-up's end and the whole run's
+estimate from the update timed at start-up (or, without a timing, a lower bound) in the first progress line, the
+timing of every replay script, which leaves the run's random generators and networks as they were, and the memory
+line of the start-up block of every script."""
 
+import copy
+
+import numpy as np
 import pytest
+import torch
 
-from cleanrl_q_utils import episode_scores, flag_checks, run_folder
+from cleanrl_q_utils import checkpoint_files, episode_scores, flag_checks, run_folder, training_run
 
 from helpers import import_script
 from tiny import TINY, tiny
@@ -31,6 +37,37 @@ def test_the_first_progress_line_of_a_warm_up_says_when_learning_starts_and_how_
     )
     assert progress.warm_up_left(1_100) == pytest.approx(48_900 * 0.01)
     assert progress.at_least(1_100) == pytest.approx(998_900 * 0.01)
+
+
+def test_the_first_progress_line_of_a_warm_up_estimates_the_whole_run_from_the_update_timed_at_start_up(clock, capsys):
+    progress = episode_scores.Progress(1_000_000, 0, learning_starts=50_000, updates_per_step=0.25, seconds_per_update=0.004)
+    clock[0] += 1
+    progress.print(100, [])  # the warm-up's first point, too early for a line
+    clock[0] += 10
+    progress.print(1_100, [])  # 1,000 steps in 10 s since the first point: 0.01 s a step
+    (line,) = capsys.readouterr().out.splitlines()
+    # 998,900 steps left x 0.01 s acting = 9,989 s, and the 950,000 steps from step 50,000 on also make 0.25 updates
+    # each at 0.004 s: 950 s; 10,939 s in all
+    assert line.endswith("| warming up (learning starts at step 50000 in 00:08:09); ETA 03:02:19 (updates timed at start-up)")
+    assert progress.start_up_estimate(1_100) == pytest.approx(998_900 * 0.01 + 950_000 * 0.25 * 0.004)
+
+
+def test_the_start_up_estimate_stays_until_the_rate_measured_since_learning_started_replaces_it(clock, capsys):
+    """Steps at 0.01 s while warming up, an update timed at 0.02 s every other step: the start-up estimate, 0.02 s a
+    step once learning, is marked as such, also in the line at learning_starts; then the measured rate takes over."""
+    progress = episode_scores.Progress(100_000, 0, 2_000, interval=0.0, updates_per_step=0.5, seconds_per_update=0.02)
+    for step in range(100, 2_100, 100):
+        clock[0] += 1.0
+        progress.print(step, [])
+    clock[0] += 10.0
+    progress.print(2_100, [])
+    lines = capsys.readouterr().out.splitlines()
+    # step 200: 99,800 steps x 0.01 s + 98,000 steps x 0.5 x 0.02 s = 998 s + 980 s
+    assert lines[1].endswith(
+        "| warming up (learning starts at step 2000 in 00:00:18); ETA 00:32:58 (updates timed at start-up)"
+    )
+    assert lines[-2].endswith("| ETA 00:32:40 (updates timed at start-up)")  # step 2,000: 98,000 steps x 0.02 s
+    assert lines[-1].endswith("| ETA 02:43:10")  # 97,900 steps x 0.1 s, the rate since step 2,000: 9,790 s
 
 
 def test_the_lower_bound_stays_until_the_estimate_and_the_estimate_replaces_it(clock, capsys):
@@ -83,6 +120,77 @@ def test_a_bound_over_a_day_warns_at_once_and_a_bound_under_a_day_waits_for_the_
     clock[0] += 100.0
     quick.print(2_000, [])  # 0.1 s a step since learning started: 998,000 steps, 99,800 s, over a day
     assert capsys.readouterr().out.splitlines()[-1].startswith("warning: at the speed measured since learning began")
+
+
+def test_a_start_up_estimate_over_a_day_warns_at_once(clock, capsys):
+    slow = episode_scores.Progress(
+        2_000_000, 0, learning_starts=50_000, slow_hint="try the twin", updates_per_step=0.25, seconds_per_update=0.2
+    )
+    clock[0] += 1
+    slow.print(100, [])
+    clock[0] += 10
+    slow.print(1_100, [])  # 0.01 s a step acting; 1,950,000 steps x 0.25 x 0.2 s updating: over a day
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("warning: at the speed measured so far and the update timed at start-up this run takes about")
+
+
+REPLAY_SCRIPTS = ("dqn_dueling_per", "iqn", "iqn_atari", "r2d2", "r2d2_atari", "recurrent_iqn", "recurrent_iqn_atari")
+
+
+@pytest.mark.parametrize("script", REPLAY_SCRIPTS)
+def test_the_start_up_timing_of_every_replay_script_leaves_its_generators_and_networks_as_they_were(
+    script, monkeypatch, tmp_path
+):
+    """The tiny run stops when it builds its progress line: the update timing before it returned a positive time,
+    which the progress line gets with the script's updates per step, and every random generator (torch's, numpy's,
+    python's and the replay's own), every network and the optimizer are as they were before the timing."""
+    monkeypatch.chdir(tmp_path)
+    module = import_script(script)
+    timed, given = [], []
+
+    def states(arguments) -> list:
+        found = [checkpoint_files.rng_states()]
+        for value in arguments:
+            if isinstance(getattr(value, "rng", None), np.random.Generator):
+                found.append(copy.deepcopy(value.rng.bit_generator.state))
+            if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
+                found.append(copy.deepcopy(value.state_dict()))
+        return found
+
+    def checked(*arguments):
+        before = states(arguments)
+        seconds = seconds_per_update(*arguments)
+        assert equal(states(arguments), before)
+        timed.append(seconds)
+        return seconds
+
+    class Started(Exception):
+        pass
+
+    def progress(run, start_step, updates_per_step=0.0, seconds_per_update=None):
+        given.append((updates_per_step, seconds_per_update))
+        raise Started
+
+    seconds_per_update = module.seconds_per_update
+    monkeypatch.setattr(module, "seconds_per_update", checked)
+    monkeypatch.setattr(training_run.Run, "progress", progress)
+    with pytest.raises(Started):
+        module.main(module.Args(**tiny(script)))
+    ((updates_per_step, seconds),) = given
+    assert timed == [seconds] and seconds > 0 and 0 < updates_per_step <= 1
+
+
+def equal(a, b) -> bool:
+    """Deep equality of generator states and state dicts (tensors, arrays, tuples, dicts, numbers)."""
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(equal(a[key], b[key]) for key in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(equal(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def test_the_memory_line_gives_the_total_and_its_largest_shares_against_what_is_available():
