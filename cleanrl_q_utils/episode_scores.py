@@ -107,9 +107,11 @@ class Progress:
 
     def time_left(self, global_step: int) -> Optional[float]:
         """Seconds left at the rate since learning started; None before a rate is known."""
-        if self.last_call is not None:  # the script counts its updates: acting and updating are timed apart
-            if not (self.updates_timed and self.act_steps and self.act_seconds):
-                return None
+        if self.last_call is not None and not self.updates_timed:  # the script counts its updates: none timed yet
+            return None
+        # Acting and updating timed apart, once a step without an update was seen; a run that updates at every step
+        # (a replay ratio high enough for its number of envs) has no acting-only step: its rate is measured whole.
+        if self.last_call is not None and self.act_steps and self.act_seconds:
             per_step = self.act_seconds / self.act_steps  # the acting steps of calls with updates are not update time
             per_update = max(self.update_seconds - self.update_call_steps * per_step, 0.0) / self.updates_timed
             return (self.total - global_step) * (per_step + self.updates_per_step * per_update)

@@ -101,6 +101,17 @@ def test_a_recurrent_script_keeps_the_bound_until_its_first_update_is_timed(cloc
     assert lines[-1].endswith("| ETA 00:14:42")  # 98,000 steps x (1 ms acting + 8 s / 1,000 steps updating): 882 s
 
 
+def test_a_script_that_updates_at_every_step_gets_the_rate_measured_since_learning_started(clock, capsys):
+    """No step without an update, so acting and updating cannot be timed apart: the estimate is the whole rate since
+    learning started, not the start-up timing forever."""
+    progress = episode_scores.Progress(100_000, 0, learning_starts=1_000, interval=0.0, updates_per_step=1 / 100)
+    for step in range(100, 3_100, 100):
+        clock[0] += 0.1 if step <= 1_000 else 2.0
+        progress.print(step, [], updates=max(step - 1_000, 0) // 100)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].endswith("| ETA 00:32:20")  # 97,000 steps at 2 s per 100 steps, the rate since step 1,000: 1,940 s
+
+
 def test_a_bound_over_a_day_warns_at_once_and_a_bound_under_a_day_waits_for_the_estimate(clock, capsys):
     slow = episode_scores.Progress(50_000_000, 0, learning_starts=50_000, slow_hint="try the twin")
     clock[0] += 1
