@@ -9,9 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
-from helpers import REPO
+from helpers import REPO, import_file
 
 
 def write_event_run(runs: Path, seed: int, returns: list[float]) -> Path:
@@ -61,3 +62,12 @@ print(json.dumps([final_return, loaded]))
     final_return, loaded = json.loads(result.stdout.splitlines()[-1])
     assert final_return == sum(range(50, 150)) / 100  # the last 100 of the 150 episodes
     assert loaded == ["launch", "run_reading"]  # a worker reads its run without the report's tables and plots
+
+
+def test_the_score_at_a_step_is_the_mean_of_the_last_episodes_that_ended_by_it():
+    score_at_steps = import_file(REPO / "benchmark" / "score_at_steps.py", "score_at_steps")
+    steps, returns = np.arange(1, 301) * 10, np.arange(300, dtype=float)  # episode i ends at step 10 (i + 1)
+    assert score_at_steps.score_by(steps, returns, 1_000) == np.mean(np.arange(100))  # exactly the first 100 episodes
+    assert score_at_steps.score_by(steps, returns, 2_005) == np.mean(np.arange(100, 200))  # the 100 before step 2,005
+    assert score_at_steps.score_by(steps, returns, 55, last=3) == np.mean([2.0, 3.0, 4.0])
+    assert np.isnan(score_at_steps.score_by(steps, returns, 5))  # no episode had ended
