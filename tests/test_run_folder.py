@@ -15,7 +15,9 @@ from cleanrl_q_utils import run_folder
 def test_cpu_runs_reuse_the_memory_of_freed_tensors_instead_of_faulting_it_in_again():
     # IQN's target pass in miniature: tensors of 32 x 40 x 1024 floats made and freed at every call, counted in a child
     # process whose allocator starts untouched. Without the setting pick_device makes on the CPU, glibc's default
-    # faults in 26k to 53k pages over these 20 calls (measured); one 5 MiB tensor faulted in again is 1,280.
+    # faults in 26k to 53k pages over these 20 calls (measured); with it, 0 (eight runs), and once 1,281 in a whole
+    # suite beside a training run (the kernel faults a few pages back in under memory load). The bound, 5,000 pages,
+    # is a fifth of the fewest the default faulted in, far above that noise.
     code = (
         "import resource, torch\n"
         "from cleanrl_q_utils import run_folder\n"
@@ -32,7 +34,7 @@ def test_cpu_runs_reuse_the_memory_of_freed_tensors_instead_of_faulting_it_in_ag
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert int(done.stdout) < 1280
+    assert int(done.stdout) < 5_000
 
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(monkeypatch, tmp_path):
