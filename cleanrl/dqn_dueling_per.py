@@ -620,7 +620,7 @@ def train_step(q_network, target_network, optimizer, batch: tuple, weights, max_
 def seconds_per_update(q_network, target_network, optimizer, args, obs_shape: tuple, device) -> float:
     """Seconds one update takes, timed before the loop for the progress line's first estimate: `train_step` on copies of
     the networks (and a fresh optimizer of the same kind) with a batch of zeros of the real shapes and dtypes, the
-    fastest of 3 calls after an untimed one (which pays for first-call allocations). Every random generator is left
+    median of 3 calls after an untimed one (which pays for first-call allocations). Every random generator is left
     as it was, so that the run's numbers do not depend on the timing."""
     rng = checkpoint_files.rng_states()
     online, target = copy.deepcopy(q_network), copy.deepcopy(target_network)
