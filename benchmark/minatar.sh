@@ -24,8 +24,9 @@ minatar 40 "$GAMES" "1 2 3" python cleanrl/pqn.py --save-model
 minatar 79 "$GAMES" "1 2 3" python cleanrl/dqn_dueling_per.py --save-model --exp-name dqn_replay_ratio8
 minatar 300 "$GAMES" "1" python cleanrl/iqn.py --save-model
 # R2D2's kept 2M- and 5M-step runs (r2d2, r2d2_5m) were made before its loss summed over the trained steps, with Adam
-# epsilon 1e-5 and new sequences at the largest priority; these lines run the configuration as it is now. Its
-# comparison with them at 300k and 1M steps (r2d2.md, MinAtar) is in benchmark/r2d2.sh.
+# epsilon 1e-5, new sequences at the largest priority and 32 sequences a batch; these lines run the configuration as it
+# is now (8 sequences a batch). Its comparisons with them at 300k and 1M steps (r2d2.md, MinAtar) are in
+# benchmark/r2d2.sh.
 minatar 15 "$GAMES" "1 2 3" python cleanrl/r2d2.py --save-model
 minatar 38 "MinAtar/Freeway-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/r2d2.py --save-model \
     --total-timesteps 5000000 --exp-name r2d2_5m

@@ -143,8 +143,8 @@ class Args:
     the games in progress are dropped, so the run is not bit-identical)"""
 
 
-# A MinAtar id's configuration (given flags win), from a sweep on Breakout (docs/rl-algorithms/r2d2.md): under an hour
-# on 2 CPU cores.
+# A MinAtar id's configuration (given flags win), from a sweep on Breakout and 1M-step runs on Asterix, Seaquest and
+# Breakout (docs/rl-algorithms/r2d2.md, docs/minatar.md): under an hour on 2 CPU cores.
 MINATAR_DEFAULTS = dict(
     total_timesteps=2_000_000,
     buffer_size=200_000,
@@ -153,9 +153,12 @@ MINATAR_DEFAULTS = dict(
     burn_in=10,
     sequence_period=10,
     replay_ratio=4.0,
+    # 8 sequences, not 32: four times the updates from the same replayed steps (one per 40 agent steps, not 160); the
+    # recurrent learners started late on Asterix and Seaquest, and did so far less with 8 (docs/minatar.md)
+    batch_size=8,
     # the script's learning rate, 1e-3, and Adam epsilon, the paper's 1e-3: the loss sums over the 20 trained steps, as
     # Acme and SEED RL; under a mean over them (gradients 20 times smaller) Breakout stayed random and needed 1e-5
-    target_update_period=100,  # a copy every 16k agent steps: 61 in a 1M-step run, 123 in 2M (docs: Deviations)
+    target_update_period=400,  # a copy every 16k agent steps (400 updates): 61 in a 1M-step run, 123 in 2M
     # the paper's fixed per-actor epsilons 0.4^(1 + 7i/15), as r2d2_atari.py: a base decaying to 0.01 left all but one greedy
     start_e=0.4,
     end_e=0.4,
