@@ -19,8 +19,8 @@ import run_reading  # noqa: E402  (a sibling module of benchmark/)
 
 def score_by(steps: np.ndarray, returns: np.ndarray, step: int, last: int = 100) -> float:
     """Mean of the last `last` episodes that ended at or before `step` (NaN when none had)."""
-    ended = returns[steps <= step][-last:]
-    return float(np.mean(ended)) if len(ended) else float("nan")
+    ended = returns[steps <= step]
+    return run_reading.final_score(ended, last) if len(ended) else float("nan")
 
 
 def main(argv=None) -> None:
