@@ -19,9 +19,7 @@ GAMES="MinAtar/Asterix-v0 MinAtar/Breakout-v0 MinAtar/Freeway-v0 MinAtar/Seaques
 # kept records (benchmark/episodes/minatar) and the docs' tables carry, dqn_replay_ratio8 and riqn_lr_1e-3 (their
 # configurations' replay ratio and learning rate, named before they were the configurations'), so that a new run lands
 # in the same report column as the run it reproduces; in the sweeps' records (benchmark/episodes/minatar_sweeps) the
-# scripts' own names, dqn_dueling_per and recurrent_iqn, are the earlier configurations. Recurrent IQN's lines pass
-# the exploration schedule its kept runs had (epsilon's decay over the first third of the run); its configuration now
-# ends the decay at 100k steps (docs/minatar.md, the recurrent learners' probes).
+# scripts' own names, dqn_dueling_per and recurrent_iqn, are the earlier configurations.
 minatar 40 "$GAMES" "1 2 3" python cleanrl/pqn.py --save-model
 minatar 79 "$GAMES" "1 2 3" python cleanrl/dqn_dueling_per.py --save-model --exp-name dqn_replay_ratio8
 minatar 300 "$GAMES" "1" python cleanrl/iqn.py --save-model
@@ -33,10 +31,10 @@ minatar 15 "$GAMES" "1 2 3" python cleanrl/r2d2.py --save-model
 minatar 38 "MinAtar/Freeway-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/r2d2.py --save-model \
     --total-timesteps 5000000 --exp-name r2d2_5m
 minatar 45 "MinAtar/Breakout-v0 MinAtar/SpaceInvaders-v0" "1 2 3" python cleanrl/recurrent_iqn.py --save-model \
-    --exploration-fraction 0.3333 --exp-name riqn_lr_1e-3
+    --exp-name riqn_lr_1e-3
 # Recurrent IQN's other three games, seeds 1-3 (its page, MinAtar).
 minatar 45 "MinAtar/Asterix-v0 MinAtar/Freeway-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/recurrent_iqn.py \
-    --save-model --exploration-fraction 0.3333 --exp-name riqn_lr_1e-3
+    --save-model --exp-name riqn_lr_1e-3
 minatar 305 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo dqn
 minatar 475 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo qrdqn
 

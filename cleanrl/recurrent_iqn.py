@@ -166,8 +166,7 @@ class Args:
 
 
 # The configuration of a MinAtar id (flags given on the command line win). Its target period and learning rate come
-# from screens at the whole budget, its exploration schedule from 1M-step probes (the docs' MinAtar sections); the
-# replay size and start of learning are not tuned.
+# from screens at the whole budget (the docs' MinAtar section); the replay size and start of learning are not tuned.
 # MinAtar has no step cap of its own: Atari's, 27,000 steps, caps a game here (and scales the timestep input).
 MINATAR_DEFAULTS = dict(
     total_timesteps=2_000_000,
@@ -177,9 +176,6 @@ MINATAR_DEFAULTS = dict(
     learning_starts=20_000,
     learning_rate=1e-3,  # R2D2's; ends above 2.5e-4 on each seed of Breakout and Space Invaders (seeds 1-3)
     target_network_frequency=20_000,  # agent steps (250 updates), the article's; every 3 updates did no better
-    # the base epsilon's decay ends at 100k of the 2M steps, where Young & Tian's and iqn.py's end; decaying over the
-    # first third (667k) it started later on Asterix and Seaquest (docs/minatar.md)
-    exploration_fraction=0.05,
 )
 
 
