@@ -153,8 +153,8 @@ MINATAR_DEFAULTS = dict(
     burn_in=10,
     sequence_period=10,
     replay_ratio=4.0,
-    # 8 sequences, not 32: four times the updates from the same replayed steps (one per 40 agent steps, not 160); the
-    # recurrent learners started late on Asterix and Seaquest, and did so far less with 8 (docs/minatar.md)
+    # 8 sequences, not 32: four times the updates from the same replayed steps (one per 40 agent steps, not 160); with
+    # 32 it started late on Asterix and Seaquest, with 8 far less (1M steps, seeds 1-3: docs/minatar.md)
     batch_size=8,
     # the script's learning rate, 1e-3, and Adam epsilon, the paper's 1e-3: the loss sums over the 20 trained steps, as
     # Acme and SEED RL; under a mean over them (gradients 20 times smaller) Breakout stayed random and needed 1e-5
