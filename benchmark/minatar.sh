@@ -25,16 +25,15 @@ minatar 79 "$GAMES" "1 2 3" python cleanrl/dqn_dueling_per.py --save-model --exp
 minatar 300 "$GAMES" "1" python cleanrl/iqn.py --save-model
 # R2D2's kept 2M- and 5M-step runs (r2d2, r2d2_5m) were made before its loss summed over the trained steps, with Adam
 # epsilon 1e-5, new sequences at the largest priority and 32 sequences a batch; these lines run the configuration as it
-# is now (8 sequences a batch). Its comparisons with them at 300k and 1M steps (r2d2.md, MinAtar) are in
-# benchmark/r2d2.sh.
-minatar 15 "$GAMES" "1 2 3" python cleanrl/r2d2.py --save-model
+# is now (8 sequences a batch) at their budgets. Its comparisons with them at 300k and 1M steps (r2d2.md, MinAtar) are
+# in benchmark/r2d2.sh.
+minatar 15 "$GAMES" "1 2 3" python cleanrl/r2d2.py --save-model --total-timesteps 2000000
 minatar 38 "MinAtar/Freeway-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/r2d2.py --save-model \
     --total-timesteps 5000000 --exp-name r2d2_5m
-minatar 45 "MinAtar/Breakout-v0 MinAtar/SpaceInvaders-v0" "1 2 3" python cleanrl/recurrent_iqn.py --save-model \
-    --exp-name riqn_lr_1e-3
-# Recurrent IQN's other three games, seeds 1-3 (its page, MinAtar).
-minatar 45 "MinAtar/Asterix-v0 MinAtar/Freeway-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/recurrent_iqn.py \
-    --save-model --exp-name riqn_lr_1e-3
+# Recurrent IQN's kept runs, seeds 1-3 (its page, MinAtar): its configuration with 2M steps, over which its epsilon
+# decays for the first third (667k steps, as the 5M-step configuration's 2/15) and its learning rate to zero.
+minatar 45 "$GAMES" "1 2 3" python cleanrl/recurrent_iqn.py --save-model --total-timesteps 2000000 \
+    --exploration-fraction 0.3333 --exp-name riqn_lr_1e-3
 minatar 305 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo dqn
 minatar 475 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo qrdqn
 

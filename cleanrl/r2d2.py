@@ -146,7 +146,7 @@ class Args:
 # A MinAtar id's configuration (given flags win), from a sweep on Breakout and 1M-step runs on Asterix, Seaquest and
 # Breakout (docs/rl-algorithms/r2d2.md, docs/minatar.md): under an hour on 2 CPU cores.
 MINATAR_DEFAULTS = dict(
-    total_timesteps=2_000_000,
+    total_timesteps=5_000_000,  # the feed-forward scripts' MinAtar budget (Young & Tian's)
     buffer_size=200_000,
     learning_starts=20_000,
     seq_len=20,
@@ -158,7 +158,7 @@ MINATAR_DEFAULTS = dict(
     batch_size=8,
     # the script's learning rate, 1e-3, and Adam epsilon, the paper's 1e-3: the loss sums over the 20 trained steps, as
     # Acme and SEED RL; under a mean over them (gradients 20 times smaller) Breakout stayed random and needed 1e-5
-    target_update_period=400,  # a copy every 16k agent steps (400 updates): 61 in a 1M-step run, 123 in 2M
+    target_update_period=400,  # a copy every 16k agent steps (400 updates): 61 in a 1M-step run, 312 in 5M
     # the paper's fixed per-actor epsilons 0.4^(1 + 7i/15), as r2d2_atari.py: a base decaying to 0.01 left all but one greedy
     start_e=0.4,
     end_e=0.4,
