@@ -166,8 +166,7 @@ class Args:
 
 
 # The configuration of a MinAtar id (flags given on the command line win). Its target period, learning rate and
-# exploration come from screens and probes at 2M steps (the docs' MinAtar section); the replay size and start of learning
-# are not tuned.
+# exploration come from runs of 2M steps (the docs' MinAtar section); the replay size and start of learning are not tuned.
 # MinAtar has no step cap of its own: Atari's, 27,000 steps, caps a game here (and scales the timestep input).
 MINATAR_DEFAULTS = dict(
     total_timesteps=5_000_000,  # the feed-forward scripts' MinAtar budget (Young & Tian's)
@@ -177,9 +176,7 @@ MINATAR_DEFAULTS = dict(
     learning_starts=20_000,
     learning_rate=1e-3,  # R2D2's; ends above 2.5e-4 on each seed of Breakout and Space Invaders (seeds 1-3)
     target_network_frequency=20_000,  # agent steps (250 updates), the article's; every 3 updates did no better
-    # epsilon's decay over the first 667k steps, as in the 2M-step runs it was chosen with (a third of 2M); ended at 100k it
-    # was ahead on Asterix and Seaquest at 1M, behind on Breakout from 1M to 2M (one seed)
-    exploration_fraction=2 / 15,
+    exploration_fraction=2 / 15,  # 667k steps, as in those runs; ended at 100k it cost Breakout (docs' MinAtar section)
 )
 
 
