@@ -30,6 +30,9 @@ minatar 300 "$GAMES" "1" python cleanrl/iqn.py --save-model
 minatar 15 "$GAMES" "1 2 3" python cleanrl/r2d2.py --save-model --total-timesteps 2000000
 minatar 38 "MinAtar/Freeway-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/r2d2.py --save-model \
     --total-timesteps 5000000 --exp-name r2d2_5m
+# The configuration as it is at its whole budget (5M steps: MINATAR_DEFAULTS), the runs of the 5M table
+# (docs/minatar.md) and of the R2D2 page's "configuration now" rows.
+minatar 48 "$GAMES" "1 2 3" python cleanrl/r2d2.py --save-model --exp-name r2d2_b8_5m
 # Recurrent IQN's kept runs, seeds 1-3 (its page, MinAtar): its configuration with 2M steps, over which its epsilon
 # decays for the first third (667k steps, as the 5M-step configuration's 2/15) and its learning rate to zero.
 minatar 45 "$GAMES" "1 2 3" python cleanrl/recurrent_iqn.py --save-model --total-timesteps 2000000 \
@@ -40,7 +43,7 @@ minatar 475 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo q
 # The kept episode records (benchmark/episodes/minatar) are reported beside the new runs, under the same names, and the
 # new runs' records join them.
 after python benchmark/report.py --runs-dir runs benchmark/episodes/minatar --env-ids $GAMES --name minatar \
-    --exp-names pqn dqn_replay_ratio8 iqn r2d2 r2d2_5m riqn_lr_1e-3 sb3_dqn sb3_qrdqn \
+    --exp-names pqn dqn_replay_ratio8 iqn r2d2 r2d2_5m r2d2_b8_5m riqn_lr_1e-3 sb3_dqn sb3_qrdqn \
     --export-episodes benchmark/episodes/minatar
 
 run_sweeps
