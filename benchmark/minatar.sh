@@ -11,7 +11,7 @@ GAMES="MinAtar/Asterix-v0 MinAtar/Breakout-v0 MinAtar/Freeway-v0 MinAtar/Seaques
 
 # Minutes a run, on a 2-core CPU with two runs side by side (docs/minatar.md, Speed): the wall time of the scripts'
 # whole MinAtar runs where they have been made (PQN's mean over the games, the dueling DQN's twelve runs on five games
-# on an Intel Xeon, 65 to 91 minutes, mean 79, R2D2's 2M- and 5M-step runs, recurrent IQN's, and SB3's DQN's 302
+# on an Intel Xeon, 65 to 91 minutes, mean 79, R2D2's 5M-step runs, recurrent IQN's, and SB3's DQN's 302
 # minutes on Breakout);
 # IQN's from its steady speed on Breakout (279 agent steps/s; its 5M-step Breakout run took 294 minutes), sb3-contrib's
 # QR-DQN's (32 quantiles) from its 5M-step Breakout run (471 minutes, 134-226 agent steps/s beside another run).
@@ -23,15 +23,11 @@ GAMES="MinAtar/Asterix-v0 MinAtar/Breakout-v0 MinAtar/Freeway-v0 MinAtar/Seaques
 minatar 40 "$GAMES" "1 2 3" python cleanrl/pqn.py --save-model
 minatar 79 "$GAMES" "1 2 3" python cleanrl/dqn_dueling_per.py --save-model --exp-name dqn_replay_ratio8
 minatar 300 "$GAMES" "1" python cleanrl/iqn.py --save-model
-# R2D2's kept 2M- and 5M-step runs (r2d2, r2d2_5m) were made before its loss summed over the trained steps, with Adam
-# epsilon 1e-5, new sequences at the largest priority and 32 sequences a batch; these lines run the configuration as it
-# is now (8 sequences a batch) at their budgets. Its comparisons with them at 300k and 1M steps (r2d2.md, MinAtar) are
-# in benchmark/r2d2.sh.
-minatar 15 "$GAMES" "1 2 3" python cleanrl/r2d2.py --save-model --total-timesteps 2000000
-minatar 38 "MinAtar/Freeway-v0 MinAtar/Seaquest-v0" "1 2 3" python cleanrl/r2d2.py --save-model \
-    --total-timesteps 5000000 --exp-name r2d2_5m
-# The configuration as it is at its whole budget (5M steps: MINATAR_DEFAULTS), the runs of the 5M table
-# (docs/minatar.md) and of the R2D2 page's "configuration now" rows.
+# R2D2's configuration at its whole budget (5M steps: MINATAR_DEFAULTS), the tables' "the configuration now" rows.
+# Nothing in it is scheduled over the budget, so their 2M-step readings come from these runs too. The kept
+# "earliest configuration" runs (r2d2, r2d2_5m) were made before its loss summed over the trained steps, with Adam
+# epsilon 1e-5, new sequences at the largest priority and 32 sequences a batch: the script no longer runs them. Its
+# comparisons with them at 300k and 1M steps (r2d2.md, MinAtar) are in benchmark/r2d2.sh.
 minatar 48 "$GAMES" "1 2 3" python cleanrl/r2d2.py --save-model --exp-name r2d2_b8_5m
 # Recurrent IQN's kept runs, seeds 1-3 (its page, MinAtar): its configuration with 2M steps, over which its epsilon
 # decays for the first third (667k steps, as the 5M-step configuration's 2/15) and its learning rate to zero.
@@ -43,7 +39,7 @@ minatar 475 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo q
 # The kept episode records (benchmark/episodes/minatar) are reported beside the new runs, under the same names, and the
 # new runs' records join them.
 after python benchmark/report.py --runs-dir runs benchmark/episodes/minatar --env-ids $GAMES --name minatar \
-    --exp-names pqn dqn_replay_ratio8 iqn r2d2 r2d2_5m r2d2_b8_5m riqn_lr_1e-3 sb3_dqn sb3_qrdqn \
+    --exp-names pqn dqn_replay_ratio8 iqn r2d2_b8_5m riqn_lr_1e-3 sb3_dqn sb3_qrdqn \
     --export-episodes benchmark/episodes/minatar
 
 run_sweeps
