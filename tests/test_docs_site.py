@@ -124,6 +124,20 @@ def test_plus_minus_is_written_one_way():
         assert not re.search(r"\d \+/?- \d", text), page.relative_to(REPO)
 
 
+def test_every_table_row_is_under_a_header():
+    """A row after a line that is no row starts a table, so a header separator must follow it.
+
+    A blank line or a sentence between two rows splits the table, and Markdown shows the stray rows as text.
+    """
+    for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        # Code blocks become blank lines, so the line numbers reported are the file's.
+        text = re.sub(r"```.*?```", lambda block: "\n" * block.group().count("\n"), page.read_text(), flags=re.S)
+        lines = text.splitlines()
+        for number, (before, row, after) in enumerate(zip(lines, lines[1:], lines[2:] + [""]), start=2):
+            if row.startswith("|") and not before.startswith("|"):
+                assert re.fullmatch(r"\|[-:| ]+\|", after), f"{page.relative_to(REPO)}:{number}: a row with no header"
+
+
 TWO_SCRIPTS = {
     "a.py": '''
 import os
