@@ -117,11 +117,15 @@ def test_a_history_page_and_its_algorithm_page_link_each_other(history):
     assert f"rl-algorithms/{history.name}" in (REPO / "mkdocs.yml").read_text()
 
 
+def without_code_blocks(page: Path) -> str:
+    """A Markdown page with each fenced code block turned into blank lines, so line numbers stay the file's."""
+    return re.sub(r"```.*?```", lambda block: "\n" * block.group().count("\n"), page.read_text(), flags=re.S)
+
+
 def test_plus_minus_is_written_one_way():
     """Mean ± std is written with the sign itself, never `+-` or `+/-`."""
     for page in sorted((REPO / "docs").rglob("*.md")):
-        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
-        assert not re.search(r"\d \+/?- \d", text), page.relative_to(REPO)
+        assert not re.search(r"\d \+/?- \d", without_code_blocks(page)), page.relative_to(REPO)
 
 
 def test_every_table_row_is_under_a_header():
@@ -130,9 +134,7 @@ def test_every_table_row_is_under_a_header():
     A blank line or a sentence between two rows splits the table, and Markdown shows the stray rows as text.
     """
     for page in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]:
-        # Code blocks become blank lines, so the line numbers reported are the file's.
-        text = re.sub(r"```.*?```", lambda block: "\n" * block.group().count("\n"), page.read_text(), flags=re.S)
-        lines = text.splitlines()
+        lines = without_code_blocks(page).splitlines()
         for number, (before, row, after) in enumerate(zip(lines, lines[1:], lines[2:] + [""]), start=2):
             if row.startswith("|") and not before.startswith("|"):
                 assert re.fullmatch(r"\|[-:| ]+\|", after), f"{page.relative_to(REPO)}:{number}: a row with no header"
