@@ -29,7 +29,9 @@ minatar 300 "$GAMES" "1" python cleanrl/iqn.py --save-model
 # epsilon 1e-5, new sequences at the largest priority and 32 sequences a batch: the script no longer runs them. Its
 # comparisons with them at 300k and 1M steps (r2d2.md, MinAtar) are in benchmark/r2d2.sh.
 minatar 48 "$GAMES" "1 2 3" python cleanrl/r2d2.py --save-model --exp-name r2d2_b8_5m
-# Recurrent IQN's kept runs, seeds 1-3 (its page, MinAtar): its configuration with 2M steps, over which its epsilon
+# Recurrent IQN's configuration at its whole budget (5M steps: MINATAR_DEFAULTS), the tables' "5M" rows.
+minatar 103 "$GAMES" "1 2 3" python cleanrl/recurrent_iqn.py --save-model --exp-name riqn_5m
+# Its 2M-step kept runs, seeds 1-3 (its page, MinAtar): its configuration with 2M steps, over which its epsilon
 # decays for the first third (667k steps, as the 5M-step configuration's 2/15) and its learning rate to zero.
 minatar 45 "$GAMES" "1 2 3" python cleanrl/recurrent_iqn.py --save-model --total-timesteps 2000000 \
     --exploration-fraction 0.3333 --exp-name riqn_lr_1e-3
@@ -39,7 +41,7 @@ minatar 475 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo q
 # The kept episode records (benchmark/episodes/minatar) are reported beside the new runs, under the same names, and the
 # new runs' records join them.
 after python benchmark/report.py --runs-dir runs benchmark/episodes/minatar --env-ids $GAMES --name minatar \
-    --exp-names pqn dqn_replay_ratio8 iqn r2d2_b8_5m riqn_lr_1e-3 sb3_dqn sb3_qrdqn \
+    --exp-names pqn dqn_replay_ratio8 iqn r2d2_b8_5m riqn_5m riqn_lr_1e-3 sb3_dqn sb3_qrdqn \
     --export-episodes benchmark/episodes/minatar
 
 run_sweeps
