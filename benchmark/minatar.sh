@@ -31,8 +31,8 @@ minatar 300 "$GAMES" "1" python cleanrl/iqn.py --save-model
 minatar 48 "$GAMES" "1 2 3" python cleanrl/r2d2.py --save-model --exp-name r2d2_b8_5m
 # Recurrent IQN's configuration at its whole budget (5M steps: MINATAR_DEFAULTS), the tables' "5M" rows.
 minatar 103 "$GAMES" "1 2 3" python cleanrl/recurrent_iqn.py --save-model --exp-name riqn_5m
-# Its 2M-step kept runs, seeds 1-3 (its page, MinAtar): its configuration with 2M steps, over which its epsilon
-# decays for the first third (667k steps, as the 5M-step configuration's 2/15) and its learning rate to zero.
+# Its kept 2M-step runs, seeds 1-3 (its page, MinAtar): the same configuration, with its epsilon decaying over the
+# first third of the 2M steps (667k, as over the 5M-step configuration's first 2/15) and its learning rate to zero.
 minatar 45 "$GAMES" "1 2 3" python cleanrl/recurrent_iqn.py --save-model --total-timesteps 2000000 \
     --exploration-fraction 0.3333 --exp-name riqn_lr_1e-3
 minatar 305 "MinAtar/Breakout-v0" "1" python benchmark/sb3_baselines.py --algo dqn
